@@ -1,0 +1,1 @@
+"""Content storage: raw byte stores and the encryption layer over them."""

@@ -1,0 +1,130 @@
+"""``BlobStore`` that encrypts everything it writes to a raw store (SPEC §10.2)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+from backfill.adapters.blobs.crypto import (
+    HEADER,
+    TAG,
+    BlobKey,
+    Keyring,
+    plaintext_size,
+    segment_nonce,
+)
+from backfill.adapters.blobs.raw import RawStore, RawWriter
+from backfill.ports import BlobWriter
+
+_CACHE_SEGMENTS = 16
+
+
+class _EncryptingWriter:
+    def __init__(self, raw: RawWriter, key: BlobKey, header: bytes) -> None:
+        self._raw = raw
+        self._key = key
+        self._header: bytes | None = header
+        self._pending = bytearray()
+        self._index = 0
+        self._size = 0
+
+    async def _put(self, data: bytes) -> None:
+        if self._header is not None:
+            data = self._header + data
+            self._header = None
+        await self._raw.write(data)
+
+    async def write(self, data: bytes) -> None:
+        self._pending += data
+        self._size += len(data)
+        seg = self._key.segment
+        # Keep at least one byte back so the final segment is always written by commit().
+        while len(self._pending) > seg:
+            chunk = bytes(self._pending[:seg])
+            del self._pending[:seg]
+            nonce = segment_nonce(self._key, self._index, last=False)
+            await self._put(self._key.cipher.encrypt(nonce, chunk, None))
+            self._index += 1
+
+    async def commit(self) -> int:
+        nonce = segment_nonce(self._key, self._index, last=True)
+        await self._put(self._key.cipher.encrypt(nonce, bytes(self._pending), None))
+        self._pending.clear()
+        await self._raw.commit()
+        return self._size
+
+    async def abort(self) -> None:
+        await self._raw.abort()
+
+
+class EncryptedBlobStore:
+    """Per-blob data keys wrapped by the master key; range reads decrypt touched segments."""
+
+    def __init__(self, raw: RawStore, keyring: Keyring) -> None:
+        self._raw = raw
+        self._keyring = keyring
+        self._keys: OrderedDict[str, tuple[BlobKey, int, int]] = OrderedDict()
+        self._segments: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    async def writer(self, key: str) -> BlobWriter:
+        self._forget(key)
+        header, blob_key = self._keyring.new_header()
+        return _EncryptingWriter(await self._raw.writer(key), blob_key, header)
+
+    async def _open(self, key: str) -> tuple[BlobKey, int, int]:
+        cached = self._keys.get(key)
+        if cached is not None:
+            self._keys.move_to_end(key)
+            return cached
+        raw_size = await self._raw.size(key)
+        blob_key = self._keyring.parse_header(await self._raw.read(key, 0, HEADER))
+        size, count = plaintext_size(raw_size, blob_key.segment)
+        entry = (blob_key, size, count)
+        self._keys[key] = entry
+        if len(self._keys) > 256:
+            self._keys.popitem(last=False)
+        return entry
+
+    async def _segment(self, key: str, blob_key: BlobKey, index: int, count: int) -> bytes:
+        cached = self._segments.get((key, index))
+        if cached is not None:
+            self._segments.move_to_end((key, index))
+            return cached
+        span = blob_key.segment + TAG
+        data = await self._raw.read(key, HEADER + index * span, span)
+        nonce = segment_nonce(blob_key, index, last=index == count - 1)
+        plain = blob_key.cipher.decrypt(nonce, data, None)
+        self._segments[(key, index)] = plain
+        if len(self._segments) > _CACHE_SEGMENTS:
+            self._segments.popitem(last=False)
+        return plain
+
+    async def size(self, key: str) -> int:
+        return (await self._open(key))[1]
+
+    async def read(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        return b"".join([part async for part in self.stream(key, start, end)])
+
+    async def stream(
+        self, key: str, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
+        blob_key, size, count = await self._open(key)
+        end = size if end is None else min(end, size)
+        seg = blob_key.segment
+        position = start
+        while position < end:
+            index = position // seg
+            plain = await self._segment(key, blob_key, index, count)
+            lo = position - index * seg
+            hi = min(len(plain), end - index * seg)
+            yield plain[lo:hi]
+            position = index * seg + hi
+
+    async def delete(self, key: str) -> None:
+        self._forget(key)
+        await self._raw.delete(key)
+
+    def _forget(self, key: str) -> None:
+        self._keys.pop(key, None)
+        for cached in [k for k in self._segments if k[0] == key]:
+            del self._segments[cached]

@@ -1,0 +1,147 @@
+"""Byte stores without encryption: a local directory and an in-memory one for unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from backfill.errors import NotFound, StorageError
+
+
+class RawWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
+class RawStore(Protocol):
+    async def writer(self, key: str) -> RawWriter: ...
+
+    async def read(self, key: str, start: int, length: int) -> bytes: ...
+
+    async def size(self, key: str) -> int: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
+class _LocalWriter:
+    def __init__(self, tmp: Path, final: Path) -> None:
+        self._tmp = tmp
+        self._final = final
+        self._fh = open(tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            await self.abort()
+            raise StorageError(f"Could not store the file: {exc.strerror}.") from None
+
+    async def commit(self) -> None:
+        try:
+            await asyncio.to_thread(self._sync_commit)
+        except OSError as exc:
+            await self.abort()
+            raise StorageError(f"Could not store the file: {exc.strerror}.") from None
+
+    def _sync_commit(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._tmp, self._final)
+        dir_fd = os.open(self._final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    async def abort(self) -> None:
+        self._fh.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class LocalRawStore:
+    """Blobs as files under one directory; writes land atomically by rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._tmp = root / ".tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        # Partial writes of a process that died are garbage: nobody can reference them.
+        for leftover in self._tmp.iterdir():
+            leftover.unlink(missing_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if ".." in key.split("/") or key.startswith("/"):
+            raise ValueError(f"bad blob key {key!r}")
+        return self.root / key
+
+    async def writer(self, key: str) -> RawWriter:
+        try:
+            return _LocalWriter(self._tmp / uuid.uuid4().hex, self._path(key))
+        except OSError as exc:
+            raise StorageError(f"Could not store the file: {exc.strerror}.") from None
+
+    async def read(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
+        except FileNotFoundError:
+            raise NotFound(f"No content stored under {key!r}.") from None
+
+    async def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            raise NotFound(f"No content stored under {key!r}.") from None
+
+    async def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class _MemoryWriter:
+    def __init__(self, store: MemoryRawStore, key: str) -> None:
+        self._store = store
+        self._key = key
+        self._parts: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    async def commit(self) -> None:
+        self._store.blobs[self._key] = b"".join(self._parts)
+
+    async def abort(self) -> None:
+        self._parts.clear()
+
+
+class MemoryRawStore:
+    """In-memory blobs for unit tests; passes the same contract tests as the local store."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+
+    async def writer(self, key: str) -> RawWriter:
+        return _MemoryWriter(self, key)
+
+    async def read(self, key: str, start: int, length: int) -> bytes:
+        try:
+            return self.blobs[key][start : start + length]
+        except KeyError:
+            raise NotFound(f"No content stored under {key!r}.") from None
+
+    async def size(self, key: str) -> int:
+        try:
+            return len(self.blobs[key])
+        except KeyError:
+            raise NotFound(f"No content stored under {key!r}.") from None
+
+    async def delete(self, key: str) -> None:
+        self.blobs.pop(key, None)

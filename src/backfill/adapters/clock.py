@@ -1,0 +1,23 @@
+"""Clocks: the system's, and a settable one for tests that drive time."""
+
+from __future__ import annotations
+
+import time
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class ManualClock:
+    """Starts at the real time; only ``advance`` moves it."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self._now = time.time() if start is None else start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds

@@ -1,0 +1,1 @@
+"""Metadata and the work queue in SQLite or PostgreSQL (SQLAlchemy Core)."""

@@ -1,0 +1,119 @@
+"""The schema: one definition for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+orgs = Table(
+    "orgs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("prefix", String(32), nullable=False),
+    Column("secret_hash", String(64), nullable=False, unique=True),
+    Column("scopes", String(200), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+files = Table(
+    "files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("filename", String(256), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger),
+    Column("status", String(16), nullable=False),
+    Column("lines", Integer, nullable=False, default=0),
+    Column("model", String(256)),
+    Column("endpoint", String(64)),
+    Column("batch_id", String(64)),
+    # Monotonic insertion order: list endpoints page by it, newest first.
+    Column("seq", BigInteger, nullable=False),
+    Index("ix_files_org_seq", "org_id", "seq"),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("endpoint", String(64), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("model_config_id", String(256), nullable=False),
+    Column("input_file_id", String(64), nullable=False),
+    Column("completion_window", String(32), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("output_file_id", String(64)),
+    Column("error_file_id", String(64)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("in_progress_at", BigInteger),
+    Column("expires_at", BigInteger, nullable=False),
+    Column("finalizing_at", BigInteger),
+    Column("completed_at", BigInteger),
+    Column("failed_at", BigInteger),
+    Column("expired_at", BigInteger),
+    Column("cancelling_at", BigInteger),
+    Column("cancelled_at", BigInteger),
+    Column("total", Integer, nullable=False),
+    Column("completed", Integer, nullable=False, default=0),
+    Column("failed", Integer, nullable=False, default=0),
+    Column("input_tokens", BigInteger, nullable=False, default=0),
+    Column("output_tokens", BigInteger, nullable=False, default=0),
+    Column("errors", JSON),
+    Column("metadata", JSON),
+    Column("idempotency_key", String(256)),
+    Column("request_hash", String(64)),
+    UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
+    Index("ix_batches_org_seq", "org_id", "seq"),
+    Index("ix_batches_status", "status"),
+)
+
+# One row per request line of a batch. Content never lives here in the clear: ``result`` is
+# sealed (AES-GCM) by the runner before it is written.
+items = Table(
+    "items",
+    metadata,
+    Column("batch_id", String(64), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("offset", BigInteger, nullable=False),
+    Column("length", Integer, nullable=False),
+    Column("custom_id", Text, nullable=False),
+    Column("state", SmallInteger, nullable=False, default=0),
+    Column("lease_token", String(32)),
+    Column("lease_until", Float),
+    Column("outcome", SmallInteger),
+    Column("error_code", String(32)),
+    Column("result", LargeBinary),
+    Column("input_tokens", Integer),
+    Column("output_tokens", Integer),
+    Index("ix_items_claim", "batch_id", "state", "idx"),
+)

@@ -1,0 +1,1 @@
+"""Engines: the OpenAI HTTP adapter, process supervision, the simulator and a fake."""

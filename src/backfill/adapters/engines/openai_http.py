@@ -1,0 +1,99 @@
+"""An ``Engine`` for any OpenAI-compatible server over HTTP (vLLM, SGLang, llama.cpp, ...)."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class OpenAIHttpEngine:
+    """Sends each request non-streaming, with the model renamed to the engine's served name."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        models: dict[str, str],
+        *,
+        max_concurrency: int = 16,
+        request_timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.max_concurrency = max_concurrency
+        self._models = models
+        self._timeout = aiohttp.ClientTimeout(
+            total=request_timeout_s, sock_connect=connect_timeout_s
+        )
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+
+    def serves(self, model: str) -> bool:
+        return model in self._models
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, headers=self._headers
+            )
+        return self._session
+
+    async def send(self, path: str, model: str, body: dict[str, Any]) -> EngineReply:
+        payload = dict(body)
+        payload["model"] = self._models.get(model, model)
+        payload.pop("stream", None)
+        url = (
+            self.base_url + path.removeprefix("/v1")
+            if self.base_url.endswith("/v1")
+            else (self.base_url + path)
+        )
+        try:
+            async with self._client().post(url, data=orjson.dumps(payload)) as response:
+                data = await response.read()
+                return EngineReply(
+                    status=response.status,
+                    body=data,
+                    retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
+                )
+        except TimeoutError:
+            raise EngineTimeout(f"{self.name} did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineUnreachable(f"{self.name}: {type(exc).__name__}") from None
+
+    async def healthy(self) -> bool:
+        url = self.base_url + ("/models" if self.base_url.endswith("/v1") else "/v1/models")
+        try:
+            async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,1 @@
+"""The public HTTP API (FastAPI)."""

@@ -1,0 +1,47 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+
+from backfill import __version__
+from backfill.adapters.http.deps import Services
+from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
+from backfill.adapters.http.routes import router
+
+
+def create_app(
+    services: Services,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if on_start is not None:
+            await on_start()
+        try:
+            yield
+        finally:
+            if on_stop is not None:
+                await on_stop()
+
+    app = FastAPI(
+        title="Backfill",
+        version=__version__,
+        description="OpenAI-compatible Batch inference service.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(router)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return app

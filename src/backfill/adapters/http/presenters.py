@@ -1,0 +1,83 @@
+"""Records as the JSON objects the OpenAI API returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backfill.domain.catalog import CatalogModel
+from backfill.ports import BatchRecord, FileRecord
+
+
+def file_object(record: FileRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": record.status,
+        "status_details": None,
+    }
+
+
+def batch_object(b: BatchRecord) -> dict[str, Any]:
+    return {
+        "id": b.id,
+        "object": "batch",
+        "endpoint": b.endpoint,
+        "model": b.model,
+        "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window,
+        "status": b.status,
+        "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id,
+        "created_at": b.created_at,
+        "in_progress_at": b.in_progress_at,
+        "expires_at": b.expires_at,
+        "finalizing_at": b.finalizing_at,
+        "completed_at": b.completed_at,
+        "failed_at": b.failed_at,
+        "expired_at": b.expired_at,
+        "cancelling_at": b.cancelling_at,
+        "cancelled_at": b.cancelled_at,
+        "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
+        "errors": {"object": "list", "data": b.errors} if b.errors else None,
+        "metadata": b.metadata,
+        "usage": {
+            "input_tokens": b.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": b.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": b.input_tokens + b.output_tokens,
+        },
+        "model_config_id": b.model_config_id,
+        "billing": "catalog",
+        "pricing": None,
+        "webhook_url": None,
+    }
+
+
+def model_object(m: CatalogModel) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "backfill",
+        "model_config_id": m.model_config_id,
+        "context_length": m.context_length,
+        "max_output_tokens": m.max_output_tokens,
+        "modalities": sorted(m.modalities),
+        "batch": {"modalities": sorted(m.modalities), "pricing": None} if m.batch else None,
+    }
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": bool(has_more),
+    }

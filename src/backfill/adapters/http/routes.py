@@ -1,0 +1,172 @@
+"""Routes of /v1: files, batches, models."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Header, Query, Request
+from starlette.responses import Response, StreamingResponse
+
+from backfill.adapters.http.deps import Services, principal, services
+from backfill.adapters.http.multipart import stream_form
+from backfill.adapters.http.presenters import batch_object, file_object, list_object, model_object
+from backfill.errors import InvalidInput
+from backfill.services.files import parse_expires_after
+from backfill.services.tenants import READ, WRITE, Principal
+
+router = APIRouter(prefix="/v1")
+Caller = Annotated[Principal, Depends(principal)]
+Svc = Annotated[Services, Depends(services)]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+@router.post("/files", summary="Upload a batch input file (validated whole before the reply)")
+async def upload_file(request: Request, caller: Caller, svc: Svc) -> Response:
+    caller.require(WRITE)
+    upload = await svc.files.begin_upload(caller.org_id)
+    try:
+        fields, saw_file = await stream_form(
+            request.headers.get("content-type", ""), request.stream(), upload.feed
+        )
+        if not saw_file:
+            raise InvalidInput(
+                "The form has no 'file' part; send the JSONL file as the field 'file'.",
+                code="missing_required_parameter",
+                param="file",
+            )
+        expires = parse_expires_after(
+            fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+        )
+        record = await upload.finish(fields.get("purpose"), expires)
+    except BaseException:
+        await upload.abort()
+        raise
+    return _json(file_object(record))
+
+
+@router.get("/files", summary="List files, newest first")
+async def list_files(
+    caller: Caller,
+    svc: Svc,
+    purpose: str | None = None,
+    limit: Annotated[int, Query()] = 10000,
+    order: str = "desc",
+    after: str | None = None,
+) -> Response:
+    caller.require(READ)
+    page = await svc.files.list_files(caller.org_id, purpose, after, limit, order)
+    return _json(list_object([file_object(f) for f in page.items], page.has_more))
+
+
+@router.get("/files/{file_id}", summary="Retrieve a file object")
+async def get_file(file_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    return _json(file_object(await svc.files.get(caller.org_id, file_id)))
+
+
+@router.delete("/files/{file_id}", summary="Delete a file and its content")
+async def delete_file(file_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(WRITE)
+    record = await svc.files.delete(caller.org_id, file_id)
+    return _json({"id": record.id, "object": "file", "deleted": True})
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    if not header or not header.startswith("bytes="):
+        return None
+    spec = header.removeprefix("bytes=").strip()
+    if "," in spec:
+        return None
+    first, _, last = spec.partition("-")
+    try:
+        if first == "":
+            length = int(last)
+            return (max(0, size - length), size) if length > 0 else None
+        start = int(first)
+        end = int(last) + 1 if last else size
+    except ValueError:
+        return None
+    if start >= size or end <= start:
+        return None
+    return start, min(end, size)
+
+
+@router.get("/files/{file_id}/content", summary="Download a file's bytes (ETag, Range)")
+async def file_content(
+    file_id: str,
+    caller: Caller,
+    svc: Svc,
+    range_: Annotated[str | None, Header(alias="range")] = None,
+    if_range: Annotated[str | None, Header(alias="if-range")] = None,
+    if_none_match: Annotated[str | None, Header(alias="if-none-match")] = None,
+) -> Response:
+    caller.require(READ)
+    record = await svc.files.get(caller.org_id, file_id)
+    etag = f'"{record.id}"'
+    headers = {"ETag": etag, "Accept-Ranges": "bytes"}
+    if if_none_match == etag:
+        return Response(status_code=304, headers=headers)
+    span = _parse_range(range_, record.bytes)
+    if span is not None and (if_range is None or if_range == etag):
+        start, end = span
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{record.bytes}"
+        headers["Content-Length"] = str(end - start)
+        return StreamingResponse(
+            svc.files.content(record, start, end),
+            status_code=206,
+            media_type="application/jsonl",
+            headers=headers,
+        )
+    headers["Content-Length"] = str(record.bytes)
+    return StreamingResponse(
+        svc.files.content(record), media_type="application/jsonl", headers=headers
+    )
+
+
+@router.post("/batches", summary="Create a batch from an uploaded file")
+async def create_batch(
+    request: Request,
+    caller: Caller,
+    svc: Svc,
+    idempotency_key: Annotated[str | None, Header(alias="idempotency-key")] = None,
+) -> Response:
+    caller.require(WRITE)
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        raise InvalidInput("The request body must be a JSON object.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("The request body must be a JSON object.", code="invalid_json")
+    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key)
+    return _json(batch_object(batch))
+
+
+@router.get("/batches", summary="List batches, newest first")
+async def list_batches(
+    caller: Caller, svc: Svc, limit: int = 20, after: str | None = None
+) -> Response:
+    caller.require(READ)
+    page = await svc.batches.list(caller.org_id, after, limit)
+    return _json(list_object([batch_object(b) for b in page.items], page.has_more))
+
+
+@router.get("/batches/{batch_id}", summary="Retrieve a batch")
+async def get_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    return _json(batch_object(await svc.batches.get(caller.org_id, batch_id)))
+
+
+@router.post("/batches/{batch_id}/cancel", summary="Cancel a batch")
+async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(WRITE)
+    return _json(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
+
+
+@router.get("/models", summary="The model catalog")
+async def list_models(caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    return _json(list_object([model_object(m) for m in svc.catalog.all()], False))

@@ -1,0 +1,325 @@
+"""``backfill batch``: the whole client workflow, resumable, with live progress."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+app = typer.Typer(help="Run and inspect batches.", no_args_is_help=True)
+console = Console(stderr=True)
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+BaseUrl = Annotated[
+    str, typer.Option(envvar="BACKFILL_BASE_URL", help="API base URL, ending in /v1.")
+]
+ApiKey = Annotated[str, typer.Option(envvar=["BACKFILL_API_KEY", "OPENAI_API_KEY"], help="Key.")]
+
+
+class Client:
+    def __init__(self, base_url: str, api_key: str) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=httpx.Timeout(600.0, connect=10.0),
+        )
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(5):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt == 4:
+                    _fail(f"Cannot reach Backfill at {self._http.base_url}: {exc}")
+                time.sleep(2**attempt)
+                continue
+            if response.status_code >= 500 and attempt < 4:
+                time.sleep(2**attempt)
+                continue
+            if response.status_code >= 400:
+                try:
+                    message = response.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = response.text
+                _fail(f"{method} {path} failed ({response.status_code}): {message}")
+            return response
+        raise AssertionError("unreachable")
+
+    def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self.request(method, path, **kwargs).json()
+        return data
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]Error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+def _state_path(file: Path) -> Path:
+    return file.with_name(file.name + ".backfill.json")
+
+
+def _digest(file: Path) -> str:
+    h = hashlib.sha256()
+    with file.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _save(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, path)
+
+
+def _with_model(file: Path, model: str | None) -> bytes | None:
+    if model is None:
+        return None
+    out = []
+    for line in file.read_bytes().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            row.setdefault("body", {})["model"] = model
+            out.append(json.dumps(row).encode())
+    return b"\n".join(out) + b"\n"
+
+
+def _upload(client: Client, file: Path, data: bytes | None) -> str:
+    size = len(data) if data is not None else file.stat().st_size
+    with Progress(
+        TextColumn("Uploading"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("upload", total=size)
+
+        def chunks() -> Iterator[bytes]:
+            if data is not None:
+                progress.update(task, completed=size)
+                yield data
+                return
+            with file.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    progress.advance(task, len(chunk))
+                    yield chunk
+
+        boundary = secrets.token_hex(16)
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{file.name}"\r\nContent-Type: application/jsonl\r\n\r\n'
+        ).encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+
+        def body() -> Iterator[bytes]:
+            yield head
+            yield from chunks()
+            yield tail
+
+        created = client.json(
+            "POST",
+            "/files",
+            content=body(),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
+    return str(created["id"])
+
+
+def _poll(client: Client, batch_id: str) -> dict[str, Any]:
+    with Progress(
+        TextColumn("[bold]{task.fields[status]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("batch", total=None, status="validating", failed=0)
+        while True:
+            batch = client.json("GET", f"/batches/{batch_id}")
+            counts = batch["request_counts"]
+            progress.update(
+                task,
+                total=counts["total"] or None,
+                completed=counts["completed"] + counts["failed"],
+                status=batch["status"],
+                failed=counts["failed"],
+            )
+            if batch["status"] in TERMINAL:
+                return batch
+            time.sleep(1.0)
+
+
+def _download(client: Client, file_id: str | None, target: Path) -> None:
+    if not file_id:
+        target.write_bytes(b"")
+        return
+    with client._http.stream("GET", f"/files/{file_id}/content") as response:
+        if response.status_code != 200:
+            _fail(f"Downloading {file_id} failed ({response.status_code}).")
+        tmp = target.with_suffix(target.suffix + ".part")
+        with tmp.open("wb") as fh:
+            for chunk in response.iter_bytes():
+                fh.write(chunk)
+        os.replace(tmp, target)
+
+
+def _reconcile(file: Path, results: Path, retry: Path) -> tuple[int, int]:
+    succeeded: set[str] = set()
+    for line in results.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        response = row.get("response") or {}
+        if not row.get("error") and response.get("status_code") == 200:
+            succeeded.add(row["custom_id"])
+    remaining = 0
+    with retry.open("wb") as out:
+        for raw in file.read_bytes().splitlines():
+            if raw.strip() and json.loads(raw)["custom_id"] not in succeeded:
+                out.write(raw + b"\n")
+                remaining += 1
+    return len(succeeded), remaining
+
+
+@app.command()
+def run(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Input JSONL.")],
+    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    api_key: ApiKey = "",
+    model: Annotated[str | None, typer.Option(help="Use this model for every line.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Results file.")] = None,
+    errors: Annotated[Path | None, typer.Option(help="Errors file.")] = None,
+    window: Annotated[str, typer.Option(help="Completion window.")] = "24h",
+) -> None:
+    """Upload, create, follow, download and reconcile one batch; rerun to resume it."""
+    if not api_key:
+        _fail("Give an API key with --api-key or BACKFILL_API_KEY.")
+    client = Client(base_url, api_key)
+    out = out or file.with_name("results.jsonl")
+    errors = errors or file.with_name("errors.jsonl")
+    state_file = _state_path(file)
+    digest = _digest(file)
+    state: dict[str, Any] = {}
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        if state.get("sha256") != digest or state.get("model") != model:
+            state = {}
+    if not state:
+        state = {"sha256": digest, "model": model, "idempotency_key": secrets.token_hex(16)}
+        _save(state_file, state)
+    if "input_file_id" not in state:
+        state["input_file_id"] = _upload(client, file, _with_model(file, model))
+        _save(state_file, state)
+    if "batch_id" not in state:
+        batch = client.json(
+            "POST",
+            "/batches",
+            json={
+                "input_file_id": state["input_file_id"],
+                "endpoint": _endpoint(file),
+                "completion_window": window,
+            },
+            headers={"Idempotency-Key": state["idempotency_key"]},
+        )
+        state["batch_id"] = batch["id"]
+        _save(state_file, state)
+        console.print(f"Batch [bold]{batch['id']}[/bold] created.")
+    else:
+        console.print(f"Resuming batch [bold]{state['batch_id']}[/bold].")
+    batch = _poll(client, state["batch_id"])
+    _download(client, batch["output_file_id"], out)
+    _download(client, batch["error_file_id"], errors)
+    retry = file.with_name(file.name + ".retry.jsonl")
+    ok, remaining = _reconcile(file, out, retry)
+    table = Table(title=f"Batch {batch['id']}: {batch['status']}")
+    for column in ("succeeded", "to retry", "results", "errors", "retry file"):
+        table.add_column(column)
+    table.add_row(str(ok), str(remaining), str(out), str(errors), str(retry))
+    console.print(table)
+
+
+def _endpoint(file: Path) -> str:
+    with file.open("rb") as fh:
+        first = fh.readline()
+    try:
+        return str(json.loads(first).get("url") or "/v1/chat/completions")
+    except ValueError:
+        return "/v1/chat/completions"
+
+
+@app.command()
+def status(
+    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
+) -> None:
+    """Show one batch."""
+    typer.echo(json.dumps(Client(base_url, api_key).json("GET", f"/batches/{batch_id}"), indent=2))
+
+
+@app.command()
+def cancel(
+    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
+) -> None:
+    """Cancel a batch."""
+    batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/cancel", json={})
+    typer.echo(f"{batch['id']}: {batch['status']}")
+
+
+@app.command("list")
+def list_(
+    base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = "", limit: int = 20
+) -> None:
+    """List recent batches."""
+    data = Client(base_url, api_key).json("GET", "/batches", params={"limit": limit})["data"]
+    table = Table()
+    for column in ("id", "status", "done", "failed", "total", "created"):
+        table.add_column(column)
+    for b in data:
+        c = b["request_counts"]
+        table.add_row(
+            b["id"],
+            b["status"],
+            str(c["completed"]),
+            str(c["failed"]),
+            str(c["total"]),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(b["created_at"])),
+        )
+    Console().print(table)
+
+
+@app.command()
+def download(
+    batch_id: str,
+    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    api_key: ApiKey = "",
+    out: Path = Path("results.jsonl"),
+    errors: Path = Path("errors.jsonl"),
+) -> None:
+    """Download a finished batch's output and error files."""
+    client = Client(base_url, api_key)
+    batch = client.json("GET", f"/batches/{batch_id}")
+    if batch["status"] not in TERMINAL:
+        _fail(f"Batch {batch_id} is {batch['status']}; its files exist once it ends.")
+    _download(client, batch["output_file_id"], out)
+    _download(client, batch["error_file_id"], errors)
+    typer.echo(f"Wrote {out} and {errors}.")

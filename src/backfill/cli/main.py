@@ -1,0 +1,170 @@
+"""``backfill``: run the service, the simulator, admin tasks and whole batches."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+import uvicorn
+
+from backfill.cli import admin, batch
+from backfill.settings import Settings
+
+if TYPE_CHECKING:
+    from backfill.container import Backfill
+
+app = typer.Typer(
+    help="Backfill: OpenAI-compatible batch inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(admin.app, name="admin")
+app.add_typer(batch.app, name="batch")
+
+
+def _settings(config: Path | None, **overrides: object) -> Settings:
+    if config is not None:
+        os.environ["BACKFILL_CONFIG"] = str(config)
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def _lock(data_dir: Path) -> int:
+    """One embedded process per data directory: it alone owns the queue's leases."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        typer.echo(f"Another Backfill process is using {data_dir}; stop it first.", err=True)
+        raise typer.Exit(1) from None
+    return fd
+
+
+async def _bootstrap(settings: Settings) -> str | None:
+    from backfill.container import build
+
+    backfill = build(settings, role="api")
+    await backfill.store.init()
+    try:
+        return await backfill.services.tenants.bootstrap()
+    finally:
+        await backfill.store.close()
+
+
+def _serve(settings: Settings, role: str) -> None:
+    from backfill.container import build
+
+    backfill = build(settings, role=role)
+    if role == "worker":
+        asyncio.run(_run_worker(backfill))
+        return
+    config = uvicorn.Config(
+        backfill.app(),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()
+
+
+async def _run_worker(backfill: Backfill) -> None:
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    await backfill.start()
+    try:
+        await done.wait()
+    finally:
+        await backfill.stop()
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="Port of the API.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    data: Annotated[Path, typer.Option(help="Where the database and files live.")] = Path(
+        "backfill-data"
+    ),
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+    local_engine: Annotated[
+        bool, typer.Option(help="Start the bundled llama.cpp engine (SmolLM2-135M).")
+    ] = True,
+) -> None:
+    """Embedded mode: API, scheduler and a local engine in one process, SQLite on disk."""
+    settings = _settings(config, port=port, host=host, data_dir=data, local_engine=local_engine)
+    _logging(settings.log_level)
+    _lock(settings.data_dir)
+    key = asyncio.run(_bootstrap(settings))
+    base = f"http://{settings.host}:{settings.port}/v1"
+    if key:
+        typer.secho("Created organization 'default'. Its API key (shown once):", bold=True)
+        typer.echo(f"\n    {key}\n")
+    typer.echo(f"Backfill is starting at {base} (data in {settings.data_dir}).")
+    typer.echo(f"  export OPENAI_BASE_URL={base}")
+    _serve(settings, "all")
+
+
+@app.command()
+def serve(
+    role: Annotated[str, typer.Option(help="all, api or worker.")] = "all",
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port of the API.")] = None,
+) -> None:
+    """Run one scale-out role with the given configuration."""
+    if role not in ("all", "api", "worker"):
+        raise typer.BadParameter("role must be all, api or worker", param_hint="--role")
+    settings = _settings(config, port=port)
+    _logging(settings.log_level)
+    if role == "all" and settings.resolved_database_url.startswith("sqlite"):
+        _lock(settings.data_dir)
+    _serve(settings, role)
+
+
+@app.command()
+def simulate(
+    port: Annotated[int, typer.Option()] = 9000,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option(help="Time to first token.")] = 50.0,
+    itl_ms: Annotated[float, typer.Option(help="Time per output token.")] = 1.0,
+    output_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 64,
+    max_concurrency: Annotated[int, typer.Option(help="0 = unlimited.")] = 0,
+    error_rate: Annotated[float, typer.Option(help="Share of 500 answers.")] = 0.0,
+    rate_limit_rate: Annotated[float, typer.Option(help="Share of 429 answers.")] = 0.0,
+    drop_rate: Annotated[float, typer.Option(help="Share of dropped connections.")] = 0.0,
+    seed: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """A simulated OpenAI-compatible engine (no model) for load and fault tests."""
+    from backfill.adapters.engines.simulator import SimulatorConfig, run_simulator
+
+    typer.echo(f"Simulated engine (no model) on http://{host}:{port}/v1")
+    run_simulator(
+        SimulatorConfig(
+            ttft_ms=ttft_ms,
+            itl_ms=itl_ms,
+            output_tokens=output_tokens,
+            max_concurrency=max_concurrency,
+            error_rate=error_rate,
+            rate_limit_rate=rate_limit_rate,
+            drop_rate=drop_rate,
+            seed=seed,
+        ),
+        host,
+        port,
+    )

@@ -1,0 +1,156 @@
+"""The one place that picks concrete adapters and wires them together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+
+from backfill.adapters.blobs.crypto import Keyring
+from backfill.adapters.blobs.encrypted import EncryptedBlobStore
+from backfill.adapters.blobs.raw import LocalRawStore
+from backfill.adapters.clock import SystemClock
+from backfill.adapters.db.store import SqlStore
+from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.adapters.http.app import create_app
+from backfill.adapters.http.deps import Services
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.input_format import Limits
+from backfill.ports import Clock, Engine
+from backfill.runner.engines import EnginePool
+from backfill.runner.worker import Worker, WorkerConfig
+from backfill.services.batches import BatchService
+from backfill.services.catalog import StaticCatalog
+from backfill.services.files import FileService
+from backfill.services.tenants import TenantService
+from backfill.settings import LOCAL_MODEL, Settings
+
+log = logging.getLogger("backfill")
+
+
+@dataclass
+class Backfill:
+    settings: Settings
+    store: SqlStore
+    services: Services
+    worker: Worker | None
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    async def start(self) -> None:
+        await self.store.init()
+        for process in self.processes:
+            await process.start()
+        if self.worker is not None:
+            await self.worker.start()
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            await self.worker.stop()
+        await asyncio.gather(*(p.stop() for p in self.processes))
+        await self.store.close()
+
+    def app(self) -> FastAPI:
+        return create_app(self.services, on_start=self.start, on_stop=self.stop)
+
+
+def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess]]:
+    engines: list[Engine] = []
+    processes: list[ManagedProcess] = []
+    if settings.local_engine:
+        process = ManagedProcess(
+            "local-llama-cpp",
+            llama_cpp_command(LOCAL_MODEL, n_ctx=2048, parallel=1),
+        )
+        processes.append(process)
+        engines.append(
+            OpenAIHttpEngine(
+                "local-llama-cpp",
+                process.base_url,
+                {LOCAL_MODEL: LOCAL_MODEL},
+                max_concurrency=settings.local_engine_concurrency,
+            )
+        )
+    for spec in settings.engines:
+        base_url = spec.base_url
+        if spec.command:
+            process = ManagedProcess(spec.name, spec.command)
+            processes.append(process)
+            base_url = process.base_url
+        engines.append(
+            OpenAIHttpEngine(
+                spec.name,
+                base_url,
+                {m: spec.served_names.get(m, m) for m in spec.models},
+                max_concurrency=spec.max_concurrency,
+                request_timeout_s=spec.request_timeout_s,
+                connect_timeout_s=spec.connect_timeout_s,
+                api_key=spec.api_key,
+            )
+        )
+    return engines, processes
+
+
+def build(
+    settings: Settings,
+    *,
+    role: str = "all",
+    clock: Clock | None = None,
+    engines: list[Engine] | None = None,
+) -> Backfill:
+    clock = clock or SystemClock()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = SqlStore(settings.resolved_database_url)
+    keyring = Keyring.from_settings(settings.master_key, settings.data_dir / "master.key")
+    blobs = EncryptedBlobStore(LocalRawStore(settings.resolved_storage_path), keyring)
+    catalog = StaticCatalog(
+        CatalogModel(
+            id=m.id,
+            model_config_id=m.model_config_id,
+            context_length=m.context_length,
+            max_output_tokens=m.max_output_tokens,
+            modalities=frozenset(m.modalities),
+            batch=m.batch,
+        )
+        for m in settings.catalog()
+    )
+    limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
+    files = FileService(store, blobs, catalog, clock, limits, settings.input_file_ttl_s)
+    batches = BatchService(
+        store,
+        files,
+        catalog,
+        clock,
+        min_window_s=settings.min_completion_window_s,
+        max_window_s=settings.max_completion_window_s,
+        idempotency_required=settings.idempotency_required,
+    )
+    services = Services(TenantService(store, clock), files, batches, catalog)
+    worker: Worker | None = None
+    processes: list[ManagedProcess] = []
+    if role in ("all", "worker"):
+        if engines is None:
+            engines, processes = _engines(settings)
+        freed = asyncio.Event()
+        worker = Worker(
+            store,
+            blobs,
+            keyring,
+            files,
+            EnginePool(engines, freed),
+            freed,
+            clock,
+            WorkerConfig(
+                lease_s=settings.lease_s,
+                max_attempts=settings.max_attempts,
+                retry_base_s=settings.retry_base_s,
+                retry_max_s=settings.retry_max_s,
+                poll_interval_s=settings.poll_interval_s,
+                result_flush_s=settings.result_flush_s,
+                sole_worker=role == "all" and store.is_sqlite,
+            ),
+        )
+        worker.set_output_ttl(settings.output_file_ttl_s)
+    return Backfill(settings, store, services, worker, processes)

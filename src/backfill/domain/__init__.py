@@ -1,0 +1,1 @@
+"""Pure rules of Backfill: no I/O, no frameworks."""

@@ -1,0 +1,331 @@
+"""The rules of one batch input line (SPEC §5), applied line by line as an upload streams in.
+
+Lines are decoded into typed ``msgspec`` structs: that one pass both parses and type-checks, so
+the per-line Python work left is a handful of comparisons.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from backfill.domain.catalog import CatalogModel
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+ENDPOINTS = frozenset({CHAT_URL, COMPLETIONS_URL})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+MAX_CUSTOM_ID_BYTES = 128
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class Body(msgspec.Struct):
+    model: str
+    messages: list[Message] | None = None
+    prompt: str | list[Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream: bool | None = None
+
+
+class RequestLine(msgspec.Struct, forbid_unknown_fields=True):
+    custom_id: str
+    method: str
+    url: str
+    body: Body
+
+
+class LineError(Exception):
+    """A rule broken by one line; ``line`` is 1-based."""
+
+    def __init__(self, code: str, message: str, *, line: int, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.line = line
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_file_bytes: int
+    max_lines: int
+    max_line_bytes: int
+
+
+@dataclass(slots=True)
+class FileSummary:
+    lines: int
+    model: str | None
+    endpoint: str | None
+
+
+_DECODER = msgspec.json.Decoder(RequestLine)
+_MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
+_AT = re.compile(r" - at `\$\.?([^`]*)`")
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _decode_error(line_no: int, error: msgspec.ValidationError) -> LineError:
+    text = str(error)
+    if m := _MISSING.match(text):
+        missing = _join(m.group(2) or "", m.group(1))
+        return LineError(
+            "missing_required_parameter",
+            f"Line {line_no}: missing required field '{missing}'.",
+            line=line_no,
+            param=missing,
+        )
+    if m := _UNKNOWN.match(text):
+        unknown = _join(m.group(2) or "", m.group(1))
+        return LineError(
+            "invalid_value",
+            f"Line {line_no}: unknown field '{unknown}'; a line has only custom_id, method, url "
+            "and body.",
+            line=line_no,
+            param=unknown,
+        )
+    at = _AT.search(text)
+    param: str | None = at.group(1) if at else None
+    reason = _AT.sub("", text)
+    where = f" in field '{param}'" if param else ""
+    return LineError(
+        "invalid_value", f"Line {line_no}: {reason}{where}.", line=line_no, param=param
+    )
+
+
+class LineValidator:
+    """Checks the lines of one file in order; keeps what cross-line rules need."""
+
+    def __init__(self, limits: Limits, find_model: Callable[[str], CatalogModel | None]) -> None:
+        self._limits = limits
+        self._find_model = find_model
+        self._seen: set[str] = set()
+        self._model: CatalogModel | None = None
+        self._model_name: str | None = None
+        self._endpoint: str | None = None
+        self.lines = 0
+
+    def check(self, raw: bytes, line_no: int) -> str:
+        """Validate one line (without its newline) and return its ``custom_id``."""
+        if line_no > self._limits.max_lines:
+            raise LineError(
+                "too_many_requests_in_file",
+                f"Line {line_no}: a file holds at most {self._limits.max_lines} requests; "
+                "split it into several batches.",
+                line=line_no,
+            )
+        if not raw.strip():
+            raise LineError(
+                "invalid_json_line",
+                f"Line {line_no} is empty; remove blank lines (only a final newline is allowed).",
+                line=line_no,
+            )
+        try:
+            req = _DECODER.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise _decode_error(line_no, exc) from None
+        except msgspec.DecodeError as exc:
+            raise LineError(
+                "invalid_json_line",
+                f"Line {line_no} is not a valid JSON object ({exc}).",
+                line=line_no,
+            ) from None
+        self._check_request(req, line_no)
+        self.lines = line_no
+        return req.custom_id
+
+    def _check_request(self, req: RequestLine, line_no: int) -> None:
+        cid = req.custom_id
+        size = len(cid.encode())
+        if size == 0 or size > MAX_CUSTOM_ID_BYTES:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'custom_id' must be 1 to {MAX_CUSTOM_ID_BYTES} bytes of UTF-8 "
+                f"(it is {size}).",
+                line=line_no,
+                param="custom_id",
+            )
+        if cid in self._seen:
+            raise LineError(
+                "duplicate_custom_id",
+                f"Line {line_no}: custom_id {cid!r} is used by an earlier line; each line needs "
+                "its own.",
+                line=line_no,
+                param="custom_id",
+            )
+        self._seen.add(cid)
+        if req.method != "POST":
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'method' must be 'POST' (it is {req.method!r}).",
+                line=line_no,
+                param="method",
+            )
+        if req.url not in ENDPOINTS:
+            raise LineError(
+                "invalid_url",
+                f"Line {line_no}: 'url' must be one of {sorted(ENDPOINTS)} (it is {req.url!r}).",
+                line=line_no,
+                param="url",
+            )
+        if self._endpoint is None:
+            self._endpoint = req.url
+        elif req.url != self._endpoint:
+            raise LineError(
+                "invalid_url",
+                f"Line {line_no}: 'url' is {req.url!r} but earlier lines use "
+                f"{self._endpoint!r}; one file targets one endpoint.",
+                line=line_no,
+                param="url",
+            )
+        model = self._check_model(req.body.model, line_no)
+        self._check_body(req.body, req.url, model, line_no)
+
+    def _check_model(self, name: str, line_no: int) -> CatalogModel:
+        if self._model is not None and name == self._model_name:
+            return self._model
+        if self._model_name is not None:
+            raise LineError(
+                "mixed_models",
+                f"Line {line_no}: 'body.model' is {name!r} but earlier lines use "
+                f"{self._model_name!r}; a batch runs one model, so split the file by model.",
+                line=line_no,
+                param="body.model",
+            )
+        model = self._find_model(name)
+        if model is None or not model.batch:
+            why = "is not in the catalog" if model is None else "is not available for batch"
+            raise LineError(
+                "model_not_found",
+                f"Line {line_no}: model {name!r} {why}; GET /v1/models lists the batch models.",
+                line=line_no,
+                param="body.model",
+            )
+        self._model, self._model_name = model, name
+        return model
+
+    def _check_body(self, body: Body, url: str, model: CatalogModel, line_no: int) -> None:
+        if body.stream:
+            raise LineError(
+                "streaming_unsupported",
+                f"Line {line_no}: 'body.stream' must be false or absent; batch results arrive "
+                "whole in the output file.",
+                line=line_no,
+                param="body.stream",
+            )
+        limit_field = (
+            "max_completion_tokens" if body.max_completion_tokens is not None else ("max_tokens")
+        )
+        limit = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else (body.max_tokens)
+        )
+        if limit is None:
+            raise LineError(
+                "missing_required_parameter",
+                f"Line {line_no}: 'body.max_tokens' or 'body.max_completion_tokens' is required "
+                "so the batch's cost can be bounded.",
+                line=line_no,
+                param="body.max_tokens",
+            )
+        if limit < 1 or limit > model.max_output_tokens:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.{limit_field}' must be between 1 and "
+                f"{model.max_output_tokens} for {model.id} (it is {limit}).",
+                line=line_no,
+                param=f"body.{limit_field}",
+            )
+        if url == CHAT_URL:
+            self._check_messages(body.messages, model, line_no)
+        elif body.prompt is None:
+            raise LineError(
+                "missing_required_parameter",
+                f"Line {line_no}: 'body.prompt' is required for /v1/completions.",
+                line=line_no,
+                param="body.prompt",
+            )
+
+    def _check_messages(
+        self, messages: list[Message] | None, model: CatalogModel, line_no: int
+    ) -> None:
+        if not messages:
+            raise LineError(
+                "missing_required_parameter",
+                f"Line {line_no}: 'body.messages' must be a non-empty array for "
+                "/v1/chat/completions.",
+                line=line_no,
+                param="body.messages",
+            )
+        for i, message in enumerate(messages):
+            if message.role not in ROLES:
+                raise LineError(
+                    "invalid_value",
+                    f"Line {line_no}: 'body.messages[{i}].role' must be one of {sorted(ROLES)} "
+                    f"(it is {message.role!r}).",
+                    line=line_no,
+                    param=f"body.messages[{i}].role",
+                )
+            if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    self._check_part(part, model, line_no, f"body.messages[{i}].content[{j}]")
+
+    def _check_part(self, part: ContentPart, model: CatalogModel, line_no: int, where: str) -> None:
+        needs = {"image_url": "image", "input_audio": "audio"}.get(part.type)
+        if part.type == "text":
+            return
+        if needs is None:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: '{where}.type' {part.type!r} is not a known content part type.",
+                line=line_no,
+                param=f"{where}.type",
+            )
+        if needs not in model.modalities:
+            raise LineError(
+                "unsupported_modality",
+                f"Line {line_no}: '{where}' is {needs} input, which {model.id} does not accept "
+                f"(it accepts {', '.join(sorted(model.modalities))}).",
+                line=line_no,
+                param=where,
+            )
+
+    def summary(self) -> FileSummary:
+        return FileSummary(lines=self.lines, model=self._model_name, endpoint=self._endpoint)
+
+
+def custom_id_of(raw: bytes) -> str:
+    """The ``custom_id`` of a line that passed validation."""
+    return _CUSTOM_ID_DECODER.decode(raw).custom_id
+
+
+class _CustomIdOnly(msgspec.Struct):
+    custom_id: str
+
+
+_CUSTOM_ID_DECODER = msgspec.json.Decoder(_CustomIdOnly)
+
+
+def request_body(raw: bytes) -> dict[str, Any]:
+    """The body of a validated line as plain JSON values, ready to send to an engine."""
+    decoded = msgspec.json.decode(raw)
+    body: dict[str, Any] = decoded["body"]
+    return body

@@ -1,0 +1,45 @@
+"""The rows of output and error files (SPEC §6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from backfill.domain import ids
+
+
+def success_row(custom_id: str, status_code: int, body: Any) -> bytes:
+    return _row(
+        custom_id,
+        {"status_code": status_code, "request_id": ids.request_id(), "body": body},
+        None,
+    )
+
+
+def http_error_row(custom_id: str, status_code: int, body: Any) -> bytes:
+    """An engine's own HTTP error: kept in ``response``, with ``error: null`` as OpenAI does."""
+    return success_row(custom_id, status_code, body)
+
+
+def error_row(custom_id: str, code: str, message: str) -> bytes:
+    return _row(custom_id, None, {"code": code, "message": message})
+
+
+def _row(custom_id: str, response: dict[str, Any] | None, error: dict[str, str] | None) -> bytes:
+    return orjson.dumps(
+        {
+            "id": ids.batch_request_id(),
+            "custom_id": custom_id,
+            "response": response,
+            "error": error,
+        }
+    )
+
+
+ERROR_MESSAGES = {
+    "batch_cancelled": "The batch was cancelled before this request ran.",
+    "batch_expired": "The batch's completion window ended before this request finished.",
+    "request_timeout": "The engine did not answer in time, after every retry.",
+    "engine_unavailable": "No engine could serve this request before the window ended.",
+}

@@ -1,0 +1,83 @@
+"""The error hierarchy services raise; only the HTTP adapter turns these into envelopes."""
+
+from __future__ import annotations
+
+
+class BackfillError(Exception):
+    """Root of every error Backfill raises on purpose."""
+
+    status = 500
+    code = "server_error"
+    type = "server_error"
+    retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.line = line
+
+
+class InvalidInput(BackfillError):
+    status = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class Unauthorized(BackfillError):
+    status = 401
+    code = "invalid_api_key"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class Forbidden(BackfillError):
+    status = 403
+    code = "insufficient_scope"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class NotFound(BackfillError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class Conflict(BackfillError):
+    status = 409
+    code = "conflict"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class PayloadTooLarge(BackfillError):
+    status = 413
+    code = "file_too_large"
+    type = "invalid_request_error"
+    retryable = False
+
+
+class StorageError(BackfillError):
+    status = 503
+    code = "storage_unavailable"
+    type = "server_error"
+    retryable = True
+
+
+class LeaseLost(BackfillError):
+    """A worker tried to write a result for an item whose lease it no longer holds."""
+
+    status = 409
+    code = "lease_lost"

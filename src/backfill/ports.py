@@ -1,0 +1,288 @@
+"""The interfaces services and the runner depend on; adapters implement them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from backfill.domain.catalog import CatalogModel
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Unix time in seconds."""
+        ...
+
+
+# ---- content ---------------------------------------------------------------------------
+
+
+class BlobWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+    async def commit(self) -> int:
+        """Make the blob visible atomically; returns its plaintext size."""
+        ...
+
+    async def abort(self) -> None: ...
+
+
+class BlobStore(Protocol):
+    """Immutable blobs addressed by key; plaintext in and out (encryption is the adapter's)."""
+
+    async def writer(self, key: str) -> BlobWriter: ...
+
+    async def read(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the blob."""
+        ...
+
+    def stream(self, key: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]: ...
+
+    async def size(self, key: str) -> int: ...
+
+    async def delete(self, key: str) -> None: ...
+
+
+class Sealer(Protocol):
+    """Encrypts small records (per-request results) that are stored outside blobs."""
+
+    def seal(self, data: bytes, context: bytes) -> bytes: ...
+
+    def open(self, data: bytes, context: bytes) -> bytes: ...
+
+
+# ---- engines ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReply:
+    status: int
+    body: bytes
+    retry_after_s: float | None = None
+
+
+class EngineUnreachable(Exception):
+    """The engine could not be reached or dropped the connection."""
+
+
+class EngineTimeout(Exception):
+    """The engine did not answer within the request timeout."""
+
+
+class Engine(Protocol):
+    name: str
+    max_concurrency: int
+
+    def serves(self, model: str) -> bool: ...
+
+    async def send(self, path: str, model: str, body: dict[str, Any]) -> EngineReply:
+        """POST ``body`` (its model renamed to the engine's served name) to ``path``."""
+        ...
+
+    async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+# ---- metadata --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Org:
+    id: str
+    name: str
+    created_at: int
+
+
+@dataclass(slots=True)
+class ApiKey:
+    id: str
+    org_id: str
+    prefix: str
+    scopes: frozenset[str]
+
+
+@dataclass(slots=True)
+class FileRecord:
+    id: str
+    org_id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int
+    expires_at: int | None
+    status: str
+    lines: int = 0
+    model: str | None = None
+    endpoint: str | None = None
+    batch_id: str | None = None
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    id: str
+    org_id: str
+    endpoint: str
+    model: str
+    model_config_id: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: int
+    expires_at: int
+    total: int
+    metadata: dict[str, str] | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    errors: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LineRef:
+    idx: int
+    offset: int
+    length: int
+    custom_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedItem:
+    batch_id: str
+    idx: int
+    offset: int
+    length: int
+    custom_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    batch_id: str
+    idx: int
+    lease_token: str
+    ok: bool
+    payload: bytes
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    idx: int
+    custom_id: str
+    ok: bool
+    payload: bytes | None
+    error_code: str | None
+
+
+@dataclass(slots=True)
+class Page:
+    items: list[Any] = field(default_factory=list)
+    has_more: bool = False
+
+
+class Store(Protocol):
+    """Durable metadata and the work queue."""
+
+    async def init(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # tenants
+    async def create_org(self, org: Org) -> None: ...
+
+    async def org_by_name(self, name: str) -> Org | None: ...
+
+    async def count_orgs(self) -> int: ...
+
+    async def create_api_key(self, key: ApiKey, secret_hash: str) -> None: ...
+
+    async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None: ...
+
+    # files
+    async def create_file(self, record: FileRecord) -> None: ...
+
+    async def get_file(self, org_id: str, file_id: str) -> FileRecord | None: ...
+
+    async def list_files(
+        self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
+    ) -> Page: ...
+
+    async def mark_file_deleted(self, file_id: str) -> None: ...
+
+    async def unfinished_batch_for_file(self, file_id: str) -> str | None: ...
+
+    # batches
+    async def create_batch(self, batch: BatchRecord) -> None: ...
+
+    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None: ...
+
+    async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None: ...
+
+    async def batch_by_idempotency_key(self, org_id: str, key: str) -> BatchRecord | None: ...
+
+    async def list_batches(self, org_id: str, after: str | None, limit: int) -> Page: ...
+
+    async def transition(
+        self, batch_id: str, from_statuses: Sequence[str], to: str, now: int
+    ) -> bool:
+        """Move a batch to ``to`` if it is in one of ``from_statuses``; sets the timestamp."""
+        ...
+
+    async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]: ...
+
+    # work queue
+    async def claim(
+        self, batch_id: str, limit: int, token: str, lease_until: float, now: float
+    ) -> list[ClaimedItem]: ...
+
+    async def renew_leases(self, token: str, lease_until: float) -> None: ...
+
+    async def release_all_leases(self) -> None: ...
+
+    async def release(self, batch_id: str, idx: int, token: str) -> None:
+        """Put a leased item back in the queue without counting an attempt."""
+        ...
+
+    async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
+        """Store results whose lease is still held; says for each whether it was accepted."""
+        ...
+
+    async def live_leases(self, batch_id: str, now: float) -> int: ...
+
+    async def close_unfinished(self, batch_id: str, error_code: str) -> int:
+        """Mark every unfinished item of a batch failed with ``error_code``; fences late writers."""
+        ...
+
+    def iter_results(self, batch_id: str) -> AsyncIterator[list[StoredResult]]: ...
+
+    async def publish(
+        self,
+        batch_id: str,
+        expected_status: str,
+        status: str,
+        now: int,
+        output: FileRecord,
+        errors: FileRecord,
+    ) -> bool:
+        """Create the result files and set the terminal status in one transaction."""
+        ...
+
+
+class Catalog(Protocol):
+    def find(self, name: str) -> CatalogModel | None: ...
+
+    def all(self) -> list[CatalogModel]: ...

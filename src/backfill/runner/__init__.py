@@ -1,0 +1,1 @@
+"""The worker: claims queued requests, runs them on engines, finalizes batches."""

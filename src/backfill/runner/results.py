@@ -1,0 +1,65 @@
+"""Group commit of per-request results: one short transaction for many results."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from backfill.ports import ItemResult, Store
+
+log = logging.getLogger("backfill.runner")
+
+
+class ResultWriter:
+    """Collects results and writes them together; ``put`` returns once its result is durable."""
+
+    def __init__(self, store: Store, flush_s: float) -> None:
+        self._store = store
+        self._flush_s = flush_s
+        self._pending: list[tuple[ItemResult, asyncio.Future[bool]]] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="result-writer")
+
+    async def put(self, result: ItemResult) -> bool:
+        """Store ``result``; False when its lease was lost (someone else owns the item now)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((result, future))
+        self._wakeup.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            # A short pause lets results that finish together share one commit.
+            await asyncio.sleep(self._flush_s)
+            self._wakeup.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            await self._write(batch)
+        except Exception as exc:  # a failed commit must not lose the waiters
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+
+    async def _write(self, batch: list[tuple[ItemResult, asyncio.Future[bool]]]) -> None:
+        accepted = await self._store.write_results([r for r, _ in batch])
+        self.written += sum(accepted)
+        for (_, future), ok in zip(batch, accepted, strict=True):
+            future.set_result(ok)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()

@@ -1,0 +1,350 @@
+"""The worker loop: claim, dispatch, retry, and drive batches to their terminal state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backfill.domain import ids
+from backfill.domain.input_format import request_body
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
+from backfill.ports import (
+    BatchRecord,
+    BlobStore,
+    ClaimedItem,
+    Clock,
+    EngineTimeout,
+    EngineUnreachable,
+    ItemResult,
+    Sealer,
+    Store,
+)
+from backfill.runner.engines import EnginePool, EngineSlot
+from backfill.runner.finalize import Finalizer, result_context
+from backfill.runner.results import ResultWriter
+from backfill.runner.retry import backoff_s, is_transient
+from backfill.services.files import FileService, content_key
+
+log = logging.getLogger("backfill.runner")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    lease_s: float = 60.0
+    max_attempts: int = 5
+    retry_base_s: float = 0.5
+    retry_max_s: float = 30.0
+    poll_interval_s: float = 0.05
+    result_flush_s: float = 0.02
+    lifecycle_interval_s: float = 0.2
+    # Only a worker that is alone on its database may take back every lease at start.
+    sole_worker: bool = False
+
+
+@dataclass(slots=True)
+class _Outcome:
+    ok: bool
+    row: bytes
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        sealer: Sealer,
+        files: FileService,
+        pool: EnginePool,
+        freed: asyncio.Event,
+        clock: Clock,
+        config: WorkerConfig,
+    ) -> None:
+        self._store = store
+        self._blobs = blobs
+        self._sealer = sealer
+        self._files = files
+        self._pool = pool
+        self._freed = freed
+        self._clock = clock
+        self._config = config
+        self._token = ids.lease_token()
+        self._results = ResultWriter(store, config.result_flush_s)
+        self._finalizer = Finalizer(store, blobs, sealer, clock, output_ttl_s=7 * 24 * 3600)
+        self._tasks: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
+        self._loops: list[asyncio.Task[None]] = []
+        self._rng = random.Random()
+        self._org_turn = 0
+
+    def set_output_ttl(self, seconds: int) -> None:
+        self._finalizer = Finalizer(
+            self._store, self._blobs, self._sealer, self._clock, output_ttl_s=seconds
+        )
+
+    async def start(self) -> None:
+        if self._config.sole_worker:
+            await self._store.release_all_leases()
+        await self._resume_validating()
+        self._results.start()
+        self._pool.start()
+        for name, loop in (
+            ("dispatch", self._dispatch_loop),
+            ("lifecycle", self._lifecycle_loop),
+            ("leases", self._lease_loop),
+        ):
+            self._loops.append(asyncio.create_task(self._guard(name, loop), name=name))
+
+    async def stop(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        running = [t for tasks in self._tasks.values() for t in tasks]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*self._loops, *running, return_exceptions=True)
+        await self._results.stop()
+        await self._pool.stop()
+
+    async def _guard(self, name: str, loop: Any) -> None:
+        """Keep a loop alive through unexpected errors (the database may blip)."""
+        while True:
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("worker %s loop failed; restarting it", name)
+                await asyncio.sleep(1.0)
+
+    async def _resume_validating(self) -> None:
+        """Finish creations a crash interrupted between the batch row and its items."""
+        for batch in await self._store.batches_in([BatchStatus.VALIDATING]):
+            await self._store.add_items(batch.id, await self._files.lines(batch.input_file_id))
+            await self._store.transition(
+                batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
+            )
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self._freed.clear()
+            claimed = await self.dispatch_once()
+            if not claimed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), self._config.poll_interval_s * 4)
+                if not self._freed.is_set():
+                    continue
+            await asyncio.sleep(0)
+
+    async def dispatch_once(self) -> int:
+        slots = [s for s in self._pool.slots if s.free > 0]
+        if not slots:
+            return 0
+        now = self._clock.now()
+        batches = [
+            b for b in await self._store.batches_in([BatchStatus.IN_PROGRESS]) if b.expires_at > now
+        ]
+        claimed = 0
+        for slot in slots:
+            candidates = [b for b in batches if slot.engine.serves(b.model)]
+            if candidates:
+                claimed += await self._fill(slot, candidates, now)
+        return claimed
+
+    async def _fill(self, slot: EngineSlot, batches: list[BatchRecord], now: float) -> int:
+        """Claim for one engine: orgs take turns; within an org the earliest deadline first."""
+        by_org: dict[str, list[BatchRecord]] = defaultdict(list)
+        for batch in batches:  # already ordered by expires_at
+            by_org[batch.org_id].append(batch)
+        orgs = list(by_org)
+        self._org_turn = (self._org_turn + 1) % len(orgs)
+        orgs = orgs[self._org_turn :] + orgs[: self._org_turn]
+        claimed = 0
+        for position, org in enumerate(orgs):
+            share = -(-slot.free // (len(orgs) - position))
+            for batch in by_org[org]:
+                if share <= 0:
+                    break
+                items = await self._store.claim(
+                    batch.id, share, self._token, now + self._config.lease_s, now
+                )
+                for item in items:
+                    slot.in_flight += 1
+                    self._spawn(slot, batch, item)
+                share -= len(items)
+                claimed += len(items)
+        return claimed
+
+    def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
+        task = asyncio.create_task(self._run_item(slot, batch, item))
+        tasks = self._tasks[batch.id]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
+        released = False
+
+        def release_slot() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._pool.release(slot)
+
+        try:
+            raw = await self._blobs.read(
+                content_key(batch.input_file_id), item.offset, item.offset + item.length
+            )
+            outcome = await self._attempts(slot, batch, item, request_body(raw))
+            release_slot()
+            if outcome is None:  # the engine went away: back to the queue, no attempt counted
+                await self._store.release(batch.id, item.idx, self._token)
+                return
+            sealed = self._sealer.seal(outcome.row, result_context(batch.id, item.idx))
+            await self._results.put(
+                ItemResult(
+                    batch_id=batch.id,
+                    idx=item.idx,
+                    lease_token=self._token,
+                    ok=outcome.ok,
+                    payload=sealed,
+                    input_tokens=outcome.input_tokens,
+                    output_tokens=outcome.output_tokens,
+                )
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("request %s of %s failed inside the worker", item.idx, batch.id)
+        finally:
+            release_slot()
+
+    async def _attempts(
+        self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem, body: dict[str, Any]
+    ) -> _Outcome | None:
+        engine = slot.engine
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: float | None = None
+            try:
+                reply = await engine.send(batch.endpoint, batch.model, body)
+            except EngineTimeout:
+                final = _Outcome(
+                    False,
+                    error_row(item.custom_id, "request_timeout", ERROR_MESSAGES["request_timeout"]),
+                )
+            except EngineUnreachable:
+                if not await self._pool.check(slot):
+                    return None
+                final = _Outcome(
+                    False,
+                    error_row(
+                        item.custom_id, "engine_unavailable", ERROR_MESSAGES["engine_unavailable"]
+                    ),
+                )
+            else:
+                if reply.status == 200:
+                    return self._success(batch, item, reply.body)
+                final = _Outcome(
+                    False, http_error_row(item.custom_id, reply.status, _json_or_text(reply.body))
+                )
+                if not is_transient(reply.status):
+                    return final
+                retry_after = reply.retry_after_s
+            delay = backoff_s(
+                attempt, self._config.retry_base_s, self._config.retry_max_s, retry_after, self._rng
+            )
+            if attempt >= self._config.max_attempts or (
+                self._clock.now() + delay >= batch.expires_at
+            ):
+                return final
+            await asyncio.sleep(delay)
+
+    def _success(self, batch: BatchRecord, item: ClaimedItem, raw: bytes) -> _Outcome:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _Outcome(
+                False,
+                http_error_row(
+                    item.custom_id,
+                    502,
+                    {
+                        "error": {
+                            "message": "The engine answered 200 with a body that is not JSON.",
+                            "type": "engine_error",
+                        }
+                    },
+                ),
+            )
+        usage = body.get("usage") or {} if isinstance(body, dict) else {}
+        if isinstance(body, dict):
+            body["model"] = batch.model
+        return _Outcome(
+            True,
+            success_row(item.custom_id, 200, body),
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+        )
+
+    # ---- leases ---------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.lease_s / 3)
+            await self._store.renew_leases(self._token, self._clock.now() + self._config.lease_s)
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def _lifecycle_loop(self) -> None:
+        while True:
+            await self.lifecycle_once()
+            await asyncio.sleep(self._config.lifecycle_interval_s)
+
+    async def lifecycle_once(self) -> None:
+        now = self._clock.now()
+        active = [BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
+        for batch in await self._store.batches_in(active):
+            status = BatchStatus(batch.status)
+            local = self._tasks.get(batch.id)
+            if status != BatchStatus.FINALIZING and now >= batch.expires_at:
+                await self._abandon(batch.id)
+                await self._store.close_unfinished(batch.id, "batch_expired")
+                await self._finalizer.finalize(batch, status, BatchStatus.EXPIRED)
+            elif status == BatchStatus.CANCELLING:
+                if not local and await self._store.live_leases(batch.id, now) == 0:
+                    await self._store.close_unfinished(batch.id, "batch_cancelled")
+                    await self._finalizer.finalize(batch, status, BatchStatus.CANCELLED)
+            elif status == BatchStatus.IN_PROGRESS:
+                if batch.completed + batch.failed >= batch.total and not local:
+                    moved = await self._store.transition(
+                        batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, int(now)
+                    )
+                    if moved:
+                        await self._finalizer.finalize(
+                            batch, BatchStatus.FINALIZING, BatchStatus.COMPLETED
+                        )
+            else:
+                await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
+
+    async def _abandon(self, batch_id: str) -> None:
+        tasks = list(self._tasks.pop(batch_id, ()))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"error": {"message": raw[:2000].decode(errors="replace"), "type": "engine_error"}}

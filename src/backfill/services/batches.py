@@ -1,0 +1,231 @@
+"""Batches API use cases: create, read, list, cancel (SPEC §4)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from backfill.domain import ids
+from backfill.domain.durations import parse_duration
+from backfill.domain.input_format import ENDPOINTS
+from backfill.domain.lifecycle import TERMINAL, BatchStatus
+from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.ports import BatchRecord, Catalog, Clock, Page, Store
+from backfill.services.files import INPUT_PURPOSE, FileService
+
+CREATE_FIELDS = frozenset(
+    {
+        "input_file_id",
+        "endpoint",
+        "completion_window",
+        "metadata",
+        "webhook_url",
+        "output_expires_after",
+    }
+)
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_IDEMPOTENCY_KEY = 256
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidInput:
+    return InvalidInput(message, code=code, param=param)
+
+
+def _check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise _bad("'metadata' must be an object of string keys and values, or null.", "metadata")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise _bad(
+            f"'metadata' has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.",
+            "metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise _bad(
+                f"metadata key {key[:20]!r}... is longer than {MAX_METADATA_KEY} characters.",
+                f"metadata.{key}",
+            )
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+            raise _bad(
+                f"metadata value of {key!r} must be a string of at most {MAX_METADATA_VALUE} "
+                "characters.",
+                f"metadata.{key}",
+            )
+    return dict(metadata)
+
+
+class BatchService:
+    def __init__(
+        self,
+        store: Store,
+        files: FileService,
+        catalog: Catalog,
+        clock: Clock,
+        *,
+        min_window_s: float,
+        max_window_s: float,
+        idempotency_required: bool = False,
+    ) -> None:
+        self._store = store
+        self._files = files
+        self._catalog = catalog
+        self._clock = clock
+        self._min_window_s = min_window_s
+        self._max_window_s = max_window_s
+        self._idempotency_required = idempotency_required
+
+    async def create(
+        self, org_id: str, request: dict[str, Any], idempotency_key: str | None
+    ) -> tuple[BatchRecord, bool]:
+        """Create a batch; returns it and whether it was new (False on an idempotent replay)."""
+        unknown = sorted(set(request) - CREATE_FIELDS)
+        if unknown:
+            raise _bad(
+                f"Unknown field '{unknown[0]}'; a batch takes {sorted(CREATE_FIELDS)}.",
+                unknown[0],
+                code="unknown_parameter",
+            )
+        request_hash = hashlib.sha256(
+            orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
+        if idempotency_key is not None:
+            if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
+                raise _bad(
+                    f"'Idempotency-Key' must be 1 to {MAX_IDEMPOTENCY_KEY} bytes.",
+                    "Idempotency-Key",
+                )
+            existing = await self._store.batch_by_idempotency_key(org_id, idempotency_key)
+            if existing is not None:
+                return self._replay(existing, request_hash), False
+        elif self._idempotency_required:
+            raise _bad(
+                "This server requires an 'Idempotency-Key' header on batch creation; send a "
+                "unique key per submission and reuse it when retrying.",
+                "Idempotency-Key",
+                code="missing_required_parameter",
+            )
+        batch = await self._new_batch(org_id, request, idempotency_key, request_hash)
+        try:
+            await self._store.create_batch(batch)
+        except Conflict:
+            if idempotency_key is None:
+                raise
+            existing = await self._store.batch_by_idempotency_key(org_id, idempotency_key)
+            if existing is None:
+                raise
+            return self._replay(existing, request_hash), False
+        lines = await self._files.lines(batch.input_file_id)
+        await self._store.add_items(batch.id, lines)
+        now = int(self._clock.now())
+        await self._store.transition(
+            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, now
+        )
+        return await self.get(org_id, batch.id), True
+
+    def _replay(self, existing: BatchRecord, request_hash: str) -> BatchRecord:
+        if existing.request_hash != request_hash:
+            raise Conflict(
+                "This Idempotency-Key was already used for a different batch submission; use "
+                "a new key for new work, or resend the original request unchanged.",
+                code="idempotency_key_reused",
+            )
+        return existing
+
+    async def _new_batch(
+        self,
+        org_id: str,
+        request: dict[str, Any],
+        idempotency_key: str | None,
+        request_hash: str,
+    ) -> BatchRecord:
+        file_id = request.get("input_file_id")
+        if not isinstance(file_id, str) or not file_id:
+            raise _bad(
+                "'input_file_id' is required: the id of an uploaded batch file.",
+                "input_file_id",
+                code="missing_required_parameter",
+            )
+        endpoint = request.get("endpoint")
+        if endpoint not in ENDPOINTS:
+            raise _bad(
+                f"'endpoint' must be one of {sorted(ENDPOINTS)} (it is {endpoint!r}).", "endpoint"
+            )
+        window_text = request.get("completion_window", "24h")
+        if not isinstance(window_text, str):
+            raise _bad("'completion_window' must be a string such as '24h'.", "completion_window")
+        try:
+            window = parse_duration(window_text)
+        except ValueError as exc:
+            raise _bad(f"'completion_window': {exc}.", "completion_window") from None
+        if not self._min_window_s <= window <= self._max_window_s:
+            raise _bad(
+                f"'completion_window' must be from {self._min_window_s / 3600:g}h to "
+                f"{self._max_window_s / 3600:g}h (it is {window_text!r}).",
+                "completion_window",
+            )
+        metadata = _check_metadata(request.get("metadata"))
+        file = await self._files.store.get_file(org_id, file_id)
+        if file is None or file.status == "deleted":
+            raise NotFound(f"No file with id {file_id!r}; upload it first.", param="input_file_id")
+        if file.purpose != INPUT_PURPOSE:
+            raise _bad(
+                f"File {file_id} has purpose {file.purpose!r}; use a 'batch' file.", "input_file_id"
+            )
+        if file.endpoint != endpoint:
+            raise _bad(
+                f"'endpoint' is {endpoint!r} but the lines of {file_id} use {file.endpoint!r}.",
+                "endpoint",
+            )
+        model = self._catalog.find(file.model or "")
+        if model is None or not model.batch:
+            raise _bad(
+                f"Model {file.model!r} is no longer available for batch.",
+                "input_file_id",
+                code="model_not_found",
+            )
+        now = self._clock.now()
+        return BatchRecord(
+            id=ids.batch_id(),
+            org_id=org_id,
+            endpoint=endpoint,
+            model=model.id,
+            model_config_id=model.model_config_id,
+            input_file_id=file_id,
+            completion_window=window_text,
+            status=BatchStatus.VALIDATING,
+            created_at=int(now),
+            expires_at=int(now + window),
+            total=file.lines,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+
+    async def get(self, org_id: str, batch_id: str) -> BatchRecord:
+        batch = await self._store.get_batch(org_id, batch_id)
+        if batch is None:
+            raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
+        return batch
+
+    async def list(self, org_id: str, after: str | None, limit: int) -> Page:
+        if not 1 <= limit <= 100:
+            raise _bad(f"'limit' must be from 1 to 100 (it is {limit}).", "limit")
+        return await self._store.list_batches(org_id, after, limit)
+
+    async def cancel(self, org_id: str, batch_id: str) -> BatchRecord:
+        batch = await self.get(org_id, batch_id)
+        if batch.status in TERMINAL or batch.status == BatchStatus.CANCELLING:
+            return batch
+        await self._store.transition(
+            batch_id,
+            [BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS],
+            BatchStatus.CANCELLING,
+            int(self._clock.now()),
+        )
+        return await self.get(org_id, batch_id)

@@ -1,0 +1,219 @@
+"""Files API use cases: streamed, validated uploads and downloads (SPEC §3, §5)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator, Sequence
+
+from backfill.domain import ids
+from backfill.domain.input_format import Limits, LineError, LineValidator
+from backfill.domain.lines import LineSplitter
+from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, LineRef, Page, Store
+
+INPUT_PURPOSE = "batch"
+OUTPUT_PURPOSE = "batch_output"
+MIN_EXPIRY_S = 3600
+MAX_EXPIRY_S = 30 * 24 * 3600
+_INDEX_ENTRY = struct.Struct("<QIH")
+
+
+def content_key(file_id: str) -> str:
+    return f"files/{file_id}"
+
+
+def index_key(file_id: str) -> str:
+    return f"files/{file_id}.index"
+
+
+class Upload:
+    """One upload in flight: validates each chunk as it arrives, encrypting it to storage."""
+
+    def __init__(
+        self,
+        service: FileService,
+        org_id: str,
+        content: BlobWriter,
+        index: BlobWriter,
+        file_id: str,
+    ) -> None:
+        self._service = service
+        self._org_id = org_id
+        self._content = content
+        self._index = index
+        self.file_id = file_id
+        limits = service.limits
+        self._splitter = LineSplitter(limits)
+        self._validator = LineValidator(limits, service.catalog.find)
+        self._finished = False
+
+    async def feed(self, chunk: bytes) -> None:
+        try:
+            entries = [
+                self._entry(line_no, offset, raw)
+                for line_no, offset, raw in self._splitter.feed(chunk)
+            ]
+        except LineError as exc:
+            raise _invalid(exc) from None
+        await self._content.write(chunk)
+        if entries:
+            await self._index.write(b"".join(entries))
+
+    def _entry(self, line_no: int, offset: int, raw: bytes) -> bytes:
+        custom_id = self._validator.check(raw, line_no).encode()
+        return _INDEX_ENTRY.pack(offset, len(raw), len(custom_id)) + custom_id
+
+    async def finish(self, purpose: str | None, expires_after_s: int | None) -> FileRecord:
+        if purpose != INPUT_PURPOSE:
+            raise InvalidInput(
+                f"'purpose' must be 'batch' (it is {purpose!r}); only batch input files can be "
+                "uploaded.",
+                code="invalid_value" if purpose else "missing_required_parameter",
+                param="purpose",
+            )
+        try:
+            tail = [self._entry(n, o, raw) for n, o, raw in self._splitter.finish()]
+        except LineError as exc:
+            raise _invalid(exc) from None
+        summary = self._validator.summary()
+        if summary.lines == 0:
+            raise InvalidInput(
+                "The file has no requests; put one JSON request per line.",
+                code="invalid_json_line",
+                param="file",
+                line=1,
+            )
+        if tail:
+            await self._index.write(b"".join(tail))
+        size = await self._content.commit()
+        await self._index.commit()
+        self._finished = True
+        now = int(self._service.clock.now())
+        ttl = expires_after_s if expires_after_s is not None else self._service.input_ttl_s
+        record = FileRecord(
+            id=self.file_id,
+            org_id=self._org_id,
+            purpose=INPUT_PURPOSE,
+            filename=f"{self.file_id}.jsonl",
+            bytes=size,
+            created_at=now,
+            expires_at=now + ttl,
+            status="processed",
+            lines=summary.lines,
+            model=summary.model,
+            endpoint=summary.endpoint,
+        )
+        await self._service.store.create_file(record)
+        return record
+
+    async def abort(self) -> None:
+        if not self._finished:
+            await self._content.abort()
+            await self._index.abort()
+
+
+def _invalid(exc: LineError) -> InvalidInput:
+    return InvalidInput(exc.message, code=exc.code, param=exc.param, line=exc.line)
+
+
+def parse_expires_after(anchor: str | None, seconds: str | None) -> int | None:
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidInput(
+            "'expires_after[anchor]' must be 'created_at'.",
+            code="invalid_value",
+            param="expires_after[anchor]",
+        )
+    try:
+        value = int(seconds or "")
+    except ValueError:
+        value = -1
+    if not MIN_EXPIRY_S <= value <= MAX_EXPIRY_S:
+        raise InvalidInput(
+            f"'expires_after[seconds]' must be a whole number from {MIN_EXPIRY_S} to "
+            f"{MAX_EXPIRY_S} (it is {seconds!r}).",
+            code="invalid_value",
+            param="expires_after[seconds]",
+        )
+    return value
+
+
+class FileService:
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        catalog: Catalog,
+        clock: Clock,
+        limits: Limits,
+        input_ttl_s: int,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.catalog = catalog
+        self.clock = clock
+        self.limits = limits
+        self.input_ttl_s = input_ttl_s
+
+    async def begin_upload(self, org_id: str) -> Upload:
+        file_id = ids.file_id()
+        content = await self.blobs.writer(content_key(file_id))
+        index = await self.blobs.writer(index_key(file_id))
+        return Upload(self, org_id, content, index, file_id)
+
+    async def get(self, org_id: str, file_id: str) -> FileRecord:
+        record = await self.store.get_file(org_id, file_id)
+        if record is None or record.status == "deleted":
+            raise NotFound(f"No file with id {file_id!r}.", param="file_id")
+        return record
+
+    async def list_files(
+        self, org_id: str, purpose: str | None, after: str | None, limit: int, order: str
+    ) -> Page:
+        if not 1 <= limit <= 10000:
+            raise InvalidInput(
+                f"'limit' must be from 1 to 10000 (it is {limit}).",
+                code="invalid_value",
+                param="limit",
+            )
+        if order not in ("asc", "desc"):
+            raise InvalidInput(
+                "'order' must be 'asc' or 'desc'.", code="invalid_value", param="order"
+            )
+        return await self.store.list_files(org_id, purpose, after, limit, order == "asc")
+
+    async def delete(self, org_id: str, file_id: str) -> FileRecord:
+        record = await self.get(org_id, file_id)
+        if record.purpose == INPUT_PURPOSE:
+            batch = await self.store.unfinished_batch_for_file(file_id)
+            if batch is not None:
+                raise Conflict(
+                    f"File {file_id} is the input of batch {batch}, which has not finished; "
+                    "cancel the batch or wait for it to end.",
+                    code="file_in_use",
+                )
+        await self.store.mark_file_deleted(file_id)
+        await self.blobs.delete(content_key(file_id))
+        await self.blobs.delete(index_key(file_id))
+        return record
+
+    def content(
+        self, record: FileRecord, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
+        return self.blobs.stream(content_key(record.id), start, end)
+
+    async def lines(self, file_id: str) -> Sequence[LineRef]:
+        """Where each request line of an input file starts, and its custom_id."""
+        raw = await self.blobs.read(index_key(file_id))
+        refs: list[LineRef] = []
+        pos = 0
+        size = _INDEX_ENTRY.size
+        idx = 0
+        while pos < len(raw):
+            offset, length, cid_len = _INDEX_ENTRY.unpack_from(raw, pos)
+            pos += size
+            refs.append(LineRef(idx, offset, length, raw[pos : pos + cid_len].decode()))
+            pos += cid_len
+            idx += 1
+        return refs

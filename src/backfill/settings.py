@@ -1,0 +1,132 @@
+"""One Settings object, read from a TOML file and ``BACKFILL_*`` variables, passed explicitly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ModelSettings(BaseModel):
+    """A catalog model revision."""
+
+    id: str
+    model_config_id: str
+    context_length: int = 8192
+    max_output_tokens: int = 4096
+    modalities: list[str] = Field(default_factory=lambda: ["text"])
+    batch: bool = True
+
+
+class EngineSettings(BaseModel):
+    """An OpenAI-compatible engine that serves one or more catalog models."""
+
+    name: str
+    base_url: str = ""
+    models: list[str]
+    served_names: dict[str, str] = Field(default_factory=dict)
+    max_concurrency: int = 16
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    api_key: str | None = None
+    # A managed engine is started and supervised by Backfill from this command template;
+    # ``{port}`` and ``{host}`` are filled in. Empty means the engine runs elsewhere.
+    command: list[str] = Field(default_factory=list)
+    kind: Literal["external", "managed", "llama_cpp"] = "external"
+
+
+class Settings(BaseSettings):
+    """Everything a Backfill process can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BACKFILL_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    data_dir: Path = Path("backfill-data")
+    database_url: str = ""
+    storage_url: str = ""
+    master_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_base_url: str | None = None
+
+    models: list[ModelSettings] = Field(default_factory=list)
+    engines: list[EngineSettings] = Field(default_factory=list)
+    local_engine: bool = True
+    local_engine_concurrency: int = 2
+
+    max_file_bytes: int = 256 * 1024 * 1024
+    max_lines: int = 1_000_000
+    max_line_bytes: int = 20 * 1024 * 1024
+    min_completion_window_s: int = 24 * 3600
+    max_completion_window_s: int = 168 * 3600
+    input_file_ttl_s: int = 24 * 3600
+    output_file_ttl_s: int = 7 * 24 * 3600
+
+    lease_s: float = 60.0
+    max_attempts: int = 5
+    retry_base_s: float = 0.5
+    retry_max_s: float = 30.0
+    poll_interval_s: float = 0.05
+    result_flush_s: float = 0.02
+    default_org_credit_usd: int = 100
+    idempotency_required: bool = False
+    log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = os.environ.get("BACKFILL_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        return tuple(sources)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'backfill.db'}"
+
+    @property
+    def resolved_storage_path(self) -> Path:
+        if self.storage_url.startswith("file://"):
+            return Path(self.storage_url.removeprefix("file://"))
+        return self.data_dir / "blobs"
+
+    def catalog(self) -> list[ModelSettings]:
+        """The configured models, plus the local SmolLM2 model when the local engine is on."""
+        models = list(self.models)
+        if self.local_engine and all(m.id != LOCAL_MODEL for m in models):
+            models.append(
+                ModelSettings(
+                    id=LOCAL_MODEL,
+                    model_config_id="smollm2-135m-instruct-q4_1",
+                    context_length=2048,
+                    max_output_tokens=2048,
+                )
+            )
+        return models
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Read settings, with ``config_file`` (TOML) taking the place of ``BACKFILL_CONFIG``."""
+    if config_file is not None:
+        os.environ["BACKFILL_CONFIG"] = str(config_file)
+    return Settings(**overrides)
