@@ -1,0 +1,5 @@
+"""``python -m backfill.cli``."""
+
+from backfill.cli.main import app
+
+app()

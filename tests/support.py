@@ -1,0 +1,301 @@
+"""Helpers the tests share: start Backfill and the simulator, in process or as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from backfill.adapters.clock import SystemClock
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
+from backfill.container import Backfill, build
+from backfill.ports import Clock, Engine
+from backfill.settings import EngineSettings, ModelSettings, Settings
+
+SIM_MODEL = "sim-model"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chat_line(custom_id: str, content: str = "hello", *, model: str = SIM_MODEL,
+              max_tokens: int = 16, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": content}],
+                 "max_tokens": max_tokens, **body},
+    }
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    import orjson
+
+    return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+
+
+def sim_settings(data_dir: Path, sim_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "local_engine": False,
+        "models": [ModelSettings(id=SIM_MODEL, model_config_id="sim-model-v1",
+                                 context_length=4096, max_output_tokens=1024)],
+        "engines": [EngineSettings(name="sim", base_url=sim_url, models=[SIM_MODEL],
+                                   max_concurrency=32, request_timeout_s=5.0)],
+        "retry_base_s": 0.01,
+        "retry_max_s": 0.1,
+        "lease_s": 5.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@asynccontextmanager
+async def running_simulator(
+    config: SimulatorConfig | None = None,
+) -> AsyncIterator[tuple[str, Simulator]]:
+    simulator = Simulator(config or SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4))
+    runner = web.AppRunner(simulator.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", simulator
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class InProcess:
+    """A started in-process Backfill and an HTTP client authenticated as org ``default``."""
+
+    backfill: Backfill
+    client: httpx.AsyncClient
+    key: str
+    clock: Clock
+    settings: Settings
+
+    async def upload(self, content: bytes, purpose: str = "batch") -> httpx.Response:
+        return await self.client.post(
+            "/v1/files", data={"purpose": purpose},
+            files={"file": ("input.jsonl", content, "application/jsonl")},
+        )
+
+    async def create(self, file_id: str, **extra: Any) -> httpx.Response:
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                "completion_window": "24h", **extra}
+        return await self.client.post("/v1/batches", json=body)
+
+    async def run_batch(self, rows: list[dict[str, Any]], timeout_s: float = 60) -> dict[str, Any]:
+        uploaded = await self.upload(jsonl(rows))
+        assert uploaded.status_code == 200, uploaded.text
+        created = await self.create(uploaded.json()["id"])
+        assert created.status_code == 200, created.text
+        return await self.wait(created.json()["id"], timeout_s)
+
+    async def wait(self, batch_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch: dict[str, Any] = (await self.client.get(f"/v1/batches/{batch_id}")).json()
+            if batch["status"] in TERMINAL:
+                return batch
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"batch {batch_id} did not finish in {timeout_s}s")
+
+    async def rows(self, file_id: str | None) -> list[dict[str, Any]]:
+        import orjson
+
+        if not file_id:
+            return []
+        response = await self.client.get(f"/v1/files/{file_id}/content")
+        assert response.status_code == 200, response.text
+        return [orjson.loads(line) for line in response.content.splitlines()]
+
+
+@asynccontextmanager
+async def in_process_backfill(
+    tmp_path: Path,
+    sim_url: str,
+    *,
+    clock: Clock | None = None,
+    engines: list[Engine] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[InProcess]:
+    settings = sim_settings(tmp_path / "data", sim_url, **overrides)
+    clock = clock or SystemClock()
+    if engines is None:
+        engines = [
+            OpenAIHttpEngine(e.name, e.base_url, {m: m for m in e.models},
+                             max_concurrency=e.max_concurrency,
+                             request_timeout_s=e.request_timeout_s)
+            for e in settings.engines
+        ]
+    app_backfill = build(settings, clock=clock, engines=engines)
+    await app_backfill.start()
+    key = await app_backfill.services.tenants.bootstrap()
+    assert key is not None
+    transport = httpx.ASGITransport(app=app_backfill.app())
+    client = httpx.AsyncClient(
+        transport=transport, base_url="http://backfill.test",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    try:
+        yield InProcess(app_backfill, client, key, clock, settings)
+    finally:
+        await client.aclose()
+        await app_backfill.stop()
+
+
+# ---- real processes ----------------------------------------------------------------------
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
+
+
+@dataclass
+class SimulatorProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        data: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/stats").json()
+        return data
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+
+def start_simulator_process(*args: str) -> SimulatorProcess:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    _wait_http(f"http://127.0.0.1:{port}/health", process)
+    return SimulatorProcess(process, port)
+
+
+@dataclass
+class ServerProcess:
+    data_dir: Path
+    config: Path
+    port: int
+    key: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}",
+                            headers={"Authorization": f"Bearer {self.key}"}, timeout=30)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to clean up."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def restart(self) -> None:
+        self.process = _spawn_server(self.config, self.port, self.data_dir, self.log)
+        _wait_http(f"http://127.0.0.1:{self.port}/healthz", self.process)
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+
+def write_sim_config(path: Path, sim_url: str, *, max_concurrency: int = 32,
+                     extra: str = "") -> None:
+    path.write_text(
+        f"""
+local_engine = false
+lease_s = 5.0
+retry_base_s = 0.01
+retry_max_s = 0.2
+{extra}
+
+[[models]]
+id = "{SIM_MODEL}"
+model_config_id = "sim-model-v1"
+context_length = 4096
+max_output_tokens = 1024
+
+[[engines]]
+name = "sim"
+base_url = "{sim_url}"
+models = ["{SIM_MODEL}"]
+max_concurrency = {max_concurrency}
+request_timeout_s = 5.0
+"""
+    )
+
+
+def _spawn_server(config: Path, port: int, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, BACKFILL_CONFIG=str(config))
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "backfill.cli", "up", "--port", str(port), "--data",
+             str(data_dir), "--no-local-engine", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+
+
+def start_server_process(tmp_path: Path, sim_url: str, *, max_concurrency: int = 32,
+                         extra: str = "") -> ServerProcess:
+    config = tmp_path / "backfill.toml"
+    write_sim_config(config, sim_url, max_concurrency=max_concurrency, extra=extra)
+    data_dir = tmp_path / "data"
+    log = tmp_path / "server.log"
+    port = free_port()
+    process = _spawn_server(config, port, data_dir, log)
+    _wait_http(f"http://127.0.0.1:{port}/healthz", process)
+    match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
+    assert match, log.read_text()
+    return ServerProcess(data_dir, config, port, match.group(0), log, process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
