@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from backfill.adapters.engines.simulator import Simulator
 from tests.support import (
     InProcess,
     ServerProcess,
@@ -16,7 +17,6 @@ from tests.support import (
     start_server_process,
     start_simulator_process,
 )
-from backfill.adapters.engines.simulator import Simulator
 
 
 @pytest.fixture

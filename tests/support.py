@@ -36,14 +36,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def chat_line(custom_id: str, content: str = "hello", *, model: str = SIM_MODEL,
-              max_tokens: int = 16, **body: Any) -> dict[str, Any]:
+def chat_line(
+    custom_id: str,
+    content: str = "hello",
+    *,
+    model: str = SIM_MODEL,
+    max_tokens: int = 16,
+    **body: Any,
+) -> dict[str, Any]:
     return {
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": model, "messages": [{"role": "user", "content": content}],
-                 "max_tokens": max_tokens, **body},
+        "body": {
+            "model": model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            **body,
+        },
     }
 
 
@@ -57,10 +67,23 @@ def sim_settings(data_dir: Path, sim_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "local_engine": False,
-        "models": [ModelSettings(id=SIM_MODEL, model_config_id="sim-model-v1",
-                                 context_length=4096, max_output_tokens=1024)],
-        "engines": [EngineSettings(name="sim", base_url=sim_url, models=[SIM_MODEL],
-                                   max_concurrency=32, request_timeout_s=5.0)],
+        "models": [
+            ModelSettings(
+                id=SIM_MODEL,
+                model_config_id="sim-model-v1",
+                context_length=4096,
+                max_output_tokens=1024,
+            )
+        ],
+        "engines": [
+            EngineSettings(
+                name="sim",
+                base_url=sim_url,
+                models=[SIM_MODEL],
+                max_concurrency=32,
+                request_timeout_s=5.0,
+            )
+        ],
         "retry_base_s": 0.01,
         "retry_max_s": 0.1,
         "lease_s": 5.0,
@@ -97,13 +120,18 @@ class InProcess:
 
     async def upload(self, content: bytes, purpose: str = "batch") -> httpx.Response:
         return await self.client.post(
-            "/v1/files", data={"purpose": purpose},
+            "/v1/files",
+            data={"purpose": purpose},
             files={"file": ("input.jsonl", content, "application/jsonl")},
         )
 
     async def create(self, file_id: str, **extra: Any) -> httpx.Response:
-        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                "completion_window": "24h", **extra}
+        body = {
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            **extra,
+        }
         return await self.client.post("/v1/batches", json=body)
 
     async def run_batch(self, rows: list[dict[str, Any]], timeout_s: float = 60) -> dict[str, Any]:
@@ -145,9 +173,13 @@ async def in_process_backfill(
     clock = clock or SystemClock()
     if engines is None:
         engines = [
-            OpenAIHttpEngine(e.name, e.base_url, {m: m for m in e.models},
-                             max_concurrency=e.max_concurrency,
-                             request_timeout_s=e.request_timeout_s)
+            OpenAIHttpEngine(
+                e.name,
+                e.base_url,
+                {m: m for m in e.models},
+                max_concurrency=e.max_concurrency,
+                request_timeout_s=e.request_timeout_s,
+            )
             for e in settings.engines
         ]
     app_backfill = build(settings, clock=clock, engines=engines)
@@ -156,7 +188,8 @@ async def in_process_backfill(
     assert key is not None
     transport = httpx.ASGITransport(app=app_backfill.app())
     client = httpx.AsyncClient(
-        transport=transport, base_url="http://backfill.test",
+        transport=transport,
+        base_url="http://backfill.test",
         headers={"Authorization": f"Bearer {key}"},
     )
     try:
@@ -169,7 +202,7 @@ async def in_process_backfill(
 # ---- real processes ----------------------------------------------------------------------
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -204,9 +237,10 @@ def start_simulator_process(*args: str) -> SimulatorProcess:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    _wait_http(f"http://127.0.0.1:{port}/health", process)
+    wait_http(f"http://127.0.0.1:{port}/health", process)
     return SimulatorProcess(process, port)
 
 
@@ -225,8 +259,11 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}",
-                            headers={"Authorization": f"Bearer {self.key}"}, timeout=30)
+        return httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=30,
+        )
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up."""
@@ -235,14 +272,15 @@ class ServerProcess:
 
     def restart(self) -> None:
         self.process = _spawn_server(self.config, self.port, self.data_dir, self.log)
-        _wait_http(f"http://127.0.0.1:{self.port}/healthz", self.process)
+        wait_http(f"http://127.0.0.1:{self.port}/healthz", self.process)
 
     def stop(self) -> None:
         _stop(self.process)
 
 
-def write_sim_config(path: Path, sim_url: str, *, max_concurrency: int = 32,
-                     extra: str = "") -> None:
+def write_sim_config(
+    path: Path, sim_url: str, *, max_concurrency: int = 32, extra: str = ""
+) -> None:
     path.write_text(
         f"""
 local_engine = false
@@ -271,21 +309,35 @@ def _spawn_server(config: Path, port: int, data_dir: Path, log: Path) -> subproc
     env = dict(os.environ, BACKFILL_CONFIG=str(config))
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "backfill.cli", "up", "--port", str(port), "--data",
-             str(data_dir), "--no-local-engine", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "backfill.cli",
+                "up",
+                "--port",
+                str(port),
+                "--data",
+                str(data_dir),
+                "--no-local-engine",
+                "--config",
+                str(config),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
 
 
-def start_server_process(tmp_path: Path, sim_url: str, *, max_concurrency: int = 32,
-                         extra: str = "") -> ServerProcess:
+def start_server_process(
+    tmp_path: Path, sim_url: str, *, max_concurrency: int = 32, extra: str = ""
+) -> ServerProcess:
     config = tmp_path / "backfill.toml"
     write_sim_config(config, sim_url, max_concurrency=max_concurrency, extra=extra)
     data_dir = tmp_path / "data"
     log = tmp_path / "server.log"
     port = free_port()
     process = _spawn_server(config, port, data_dir, log)
-    _wait_http(f"http://127.0.0.1:{port}/healthz", process)
+    wait_http(f"http://127.0.0.1:{port}/healthz", process)
     match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
     assert match, log.read_text()
     return ServerProcess(data_dir, config, port, match.group(0), log, process)
