@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import and_, event, func, insert, or_, select, update
+from sqlalchemy import and_, event, func, insert, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.migrate import upgrade
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.errors import Conflict
 from backfill.ports import (
@@ -60,6 +60,7 @@ class SqlStore:
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""
 
     def __init__(self, url: str) -> None:
+        url = async_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
@@ -73,8 +74,11 @@ class SqlStore:
             self.engine = create_async_engine(url, pool_size=10, max_overflow=10)
 
     async def init(self) -> None:
+        """Bring the schema up to date (Alembic); safe when several processes start at once."""
         async with self.engine.begin() as conn:
-            await conn.run_sync(_create_all)
+            if not self.is_sqlite:
+                await conn.execute(text("SELECT pg_advisory_xact_lock(4242001)"))
+            await conn.run_sync(upgrade)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -482,5 +486,13 @@ def _file_values(record: FileRecord) -> dict[str, Any]:
     return values
 
 
-def _create_all(conn: Connection) -> None:
-    t.metadata.create_all(conn)
+def async_url(url: str) -> str:
+    """The async driver's URL for a plain ``postgresql://`` or ``sqlite://`` one."""
+    for plain, driver in (
+        ("postgresql://", "postgresql+asyncpg://"),
+        ("postgres://", "postgresql+asyncpg://"),
+        ("sqlite://", "sqlite+aiosqlite://"),
+    ):
+        if url.startswith(plain):
+            return driver + url.removeprefix(plain)
+    return url
