@@ -24,9 +24,13 @@ from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import Backfill, build
 from backfill.ports import Clock, Engine
-from backfill.settings import EngineSettings, ModelSettings, Settings
+from backfill.domain.money import usd_to_pico
+from backfill.settings import EngineSettings, ModelSettings, PricingSettings, Settings
 
 SIM_MODEL = "sim-model"
+# Batch prices of the simulated model, microdollars per million tokens.
+SIM_PRICES = PricingSettings(input=100_000, cached_input=50_000, output=400_000)
+STARTING_CREDIT_USD = "1000"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
@@ -73,6 +77,7 @@ def sim_settings(data_dir: Path, sim_url: str, **overrides: Any) -> Settings:
                 model_config_id="sim-model-v1",
                 context_length=4096,
                 max_output_tokens=1024,
+                batch=SIM_PRICES,
             )
         ],
         "engines": [
@@ -184,7 +189,9 @@ async def in_process_backfill(
         ]
     app_backfill = build(settings, clock=clock, engines=engines)
     await app_backfill.start()
-    key = await app_backfill.services.tenants.bootstrap()
+    key = await app_backfill.services.tenants.bootstrap(
+        credit=usd_to_pico(STARTING_CREDIT_USD)
+    )
     assert key is not None
     transport = httpx.ASGITransport(app=app_backfill.app())
     client = httpx.AsyncClient(
@@ -294,6 +301,7 @@ id = "{SIM_MODEL}"
 model_config_id = "sim-model-v1"
 context_length = 4096
 max_output_tokens = 1024
+batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
 
 [[engines]]
 name = "sim"

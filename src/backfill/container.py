@@ -19,14 +19,16 @@ from backfill.adapters.http.app import create_app
 from backfill.adapters.http.deps import Services
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits
+from backfill.domain.money import Prices
 from backfill.ports import Clock, Engine
 from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
-from backfill.services.batches import BatchService
-from backfill.services.catalog import StaticCatalog
+from backfill.services.batches import BatchService, OrgLimits
+from backfill.services.billing import BillingService
+from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.tenants import TenantService
-from backfill.settings import LOCAL_MODEL, Settings
+from backfill.settings import LOCAL_MODEL, ModelSettings, Settings
 
 log = logging.getLogger("backfill")
 
@@ -41,6 +43,7 @@ class Backfill:
 
     async def start(self) -> None:
         await self.store.init()
+        await self.seed_catalog()
         for process in self.processes:
             await process.start()
         if self.worker is not None:
@@ -52,8 +55,55 @@ class Backfill:
         await asyncio.gather(*(p.stop() for p in self.processes))
         await self.store.close()
 
+    async def seed_catalog(self) -> None:
+        """Add the configured models and deployments that the database does not have yet."""
+        models = [_catalog_model(m) for m in self.settings.catalog()]
+        for d in self.settings.deployments:
+            org = await self.store.org_by_name(d.org)
+            if org is None:
+                log.warning("deployment %s names unknown organization %s; skipped", d.id, d.org)
+                continue
+            models.append(
+                CatalogModel(
+                    id=d.id,
+                    model_config_id=d.model_config_id,
+                    context_length=d.context_length,
+                    max_output_tokens=d.max_output_tokens,
+                    modalities=frozenset(d.modalities),
+                    owner_org_id=org.id,
+                    gpu_count=d.gpu_count,
+                    microusd_per_gpu_second=d.microusd_per_gpu_second,
+                )
+            )
+        await self.services.catalog.seed(models)
+
     def app(self) -> FastAPI:
-        return create_app(self.services, on_start=self.start, on_stop=self.stop)
+        return create_app(
+            self.services,
+            on_start=self.start,
+            on_stop=self.stop,
+            admin_token=self.settings.admin_token,
+            engine_status=self.worker.engine_status if self.worker else None,
+        )
+
+
+def _catalog_model(m: ModelSettings) -> CatalogModel:
+    pricing = m.batch
+    return CatalogModel(
+        id=m.id,
+        model_config_id=m.model_config_id,
+        context_length=m.context_length,
+        max_output_tokens=m.max_output_tokens,
+        modalities=frozenset(m.modalities),
+        prices=Prices(
+            pricing.input,
+            pricing.cached_input if pricing.cached_input is not None else pricing.input,
+            pricing.output,
+        )
+        if pricing
+        else None,
+        throughput_tokens_per_s=m.throughput_tokens_per_s,
+    )
 
 
 def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess]]:
@@ -105,17 +155,7 @@ def build(
     store = SqlStore(settings.resolved_database_url)
     keyring = Keyring.from_settings(settings.master_key, settings.data_dir / "master.key")
     blobs = EncryptedBlobStore(LocalRawStore(settings.resolved_storage_path), keyring)
-    catalog = StaticCatalog(
-        CatalogModel(
-            id=m.id,
-            model_config_id=m.model_config_id,
-            context_length=m.context_length,
-            max_output_tokens=m.max_output_tokens,
-            modalities=frozenset(m.modalities),
-            batch=m.batch,
-        )
-        for m in settings.catalog()
-    )
+    catalog = CatalogService(store, clock)
     limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
     files = FileService(store, blobs, catalog, clock, limits, settings.input_file_ttl_s)
     batches = BatchService(
@@ -126,8 +166,11 @@ def build(
         min_window_s=settings.min_completion_window_s,
         max_window_s=settings.max_completion_window_s,
         idempotency_required=settings.idempotency_required,
+        limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
     )
-    services = Services(TenantService(store, clock), files, batches, catalog)
+    services = Services(
+        TenantService(store, clock), files, batches, catalog, BillingService(store, clock)
+    )
     worker: Worker | None = None
     processes: list[ManagedProcess] = []
     if role in ("all", "worker"):
@@ -150,7 +193,9 @@ def build(
                 poll_interval_s=settings.poll_interval_s,
                 result_flush_s=settings.result_flush_s,
                 sole_worker=role == "all" and store.is_sqlite,
+                gpu_time_flush_s=settings.gpu_time_flush_s,
             ),
+            catalog,
         )
         worker.set_output_ttl(settings.output_file_ttl_s)
     return Backfill(settings, store, services, worker, processes)

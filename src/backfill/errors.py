@@ -81,3 +81,24 @@ class LeaseLost(BackfillError):
 
     status = 409
     code = "lease_lost"
+
+
+class PaymentRequired(BackfillError):
+    status = 402
+    code = "insufficient_credit"
+    type = "insufficient_credit"
+    retryable = False
+
+
+class RateLimited(BackfillError):
+    """Admission refused; ``retry_after_s`` is set when waiting can help."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+    retryable = False
+
+    def __init__(self, message: str, *, code: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+        self.retryable = retry_after_s is not None

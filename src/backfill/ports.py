@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import Prices
 
 
 class Clock(Protocol):
@@ -117,6 +118,8 @@ class FileRecord:
     model: str | None = None
     endpoint: str | None = None
     batch_id: str | None = None
+    prompt_token_bound: int = 0
+    max_output_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -149,6 +152,20 @@ class BatchRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     errors: list[dict[str, Any]] | None = None
+    billing: str = "catalog"
+    price_input: int | None = None
+    price_cached_input: int | None = None
+    price_output: int | None = None
+    cached_tokens: int = 0
+    reserved: int = 0
+    charged: int = 0
+    output_token_bound: int = 0
+
+    @property
+    def prices(self) -> Prices | None:
+        if self.price_input is None or self.price_output is None:
+            return None
+        return Prices(self.price_input, self.price_cached_input or 0, self.price_output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +187,8 @@ class ClaimedItem:
 
 @dataclass(frozen=True, slots=True)
 class ItemResult:
+    """A request's outcome; a successful one of a catalog batch is charged when stored."""
+
     batch_id: str
     idx: int
     lease_token: str
@@ -177,6 +196,54 @@ class ItemResult:
     payload: bytes
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
+    request_id: str | None = None
+    custom_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What accepting one batch must satisfy, checked atomically with its creation."""
+
+    reserve: int
+    require_positive_balance: bool
+    max_unfinished: int
+    max_retained_input_bytes: int
+    throughput_tokens_per_s: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    request_id: str
+    org_id: str
+    kind: str
+    batch_id: str | None
+    custom_id: str | None
+    model_config_id: str | None
+    deployment_id: str | None
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    prices: Prices | None
+    gpu_count: int | None
+    gpu_ms: int | None
+    amount: int
+    started_at: float | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """An org's money, in picodollars, as the database holds it."""
+
+    credits: int
+    charges: int
+    balance: int
+    reserved: int
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.reserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +292,28 @@ class Store(Protocol):
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None: ...
 
+    # catalog
+    async def list_models(self) -> list[CatalogModel]: ...
+
+    async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None: ...
+
+    # billing
+    async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
+        """Append a credit; returns the new balance."""
+        ...
+
+    async def ledger(self, org_id: str) -> Ledger: ...
+
+    async def balances(self, org_ids: Sequence[str]) -> dict[str, int]: ...
+
+    async def get_receipt(self, org_id: str, request_id: str) -> Receipt | None: ...
+
+    async def charge_gpu_time(self, receipt: Receipt) -> None: ...
+
     # batches
-    async def create_batch(self, batch: BatchRecord) -> None: ...
+    async def create_batch(self, batch: BatchRecord, admission: Admission) -> None:
+        """Insert the batch, reserving credit and enforcing limits in the same transaction."""
+        ...
 
     async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None: ...
 
@@ -283,6 +370,8 @@ class Store(Protocol):
 
 
 class Catalog(Protocol):
-    def find(self, name: str) -> CatalogModel | None: ...
+    async def find(self, name: str, org_id: str | None = None) -> CatalogModel | None:
+        """The model ``name`` as ``org_id`` sees it (private deployments only to their owner)."""
+        ...
 
-    def all(self) -> list[CatalogModel]: ...
+    async def all(self, org_id: str | None = None) -> list[CatalogModel]: ...

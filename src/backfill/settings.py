@@ -17,15 +17,37 @@ from pydantic_settings import (
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+class PricingSettings(BaseModel):
+    """Batch prices in microdollars per million tokens (integers, e.g. ``"150000"``)."""
+
+    input: int
+    cached_input: int | None = None
+    output: int
+
+
 class ModelSettings(BaseModel):
-    """A catalog model revision."""
+    """A catalog model revision; ``batch = null`` (absent) means not batch-qualified."""
 
     id: str
     model_config_id: str
     context_length: int = 8192
     max_output_tokens: int = 4096
     modalities: list[str] = Field(default_factory=lambda: ["text"])
-    batch: bool = True
+    batch: PricingSettings | None = None
+    throughput_tokens_per_s: int | None = None
+
+
+class DeploymentSettings(BaseModel):
+    """A private deployment: one org's engines serving one revision, billed by GPU time."""
+
+    id: str
+    org: str
+    model_config_id: str
+    gpu_count: int = 1
+    microusd_per_gpu_second: int
+    context_length: int = 8192
+    max_output_tokens: int = 4096
+    modalities: list[str] = Field(default_factory=lambda: ["text"])
 
 
 class EngineSettings(BaseModel):
@@ -63,6 +85,7 @@ class Settings(BaseSettings):
     public_base_url: str | None = None
 
     models: list[ModelSettings] = Field(default_factory=list)
+    deployments: list[DeploymentSettings] = Field(default_factory=list)
     engines: list[EngineSettings] = Field(default_factory=list)
     local_engine: bool = True
     local_engine_concurrency: int = 2
@@ -81,8 +104,12 @@ class Settings(BaseSettings):
     retry_max_s: float = 30.0
     poll_interval_s: float = 0.05
     result_flush_s: float = 0.02
-    default_org_credit_usd: int = 100
+    default_org_credit_usd: str = "100"
     idempotency_required: bool = False
+    max_unfinished_batches: int = 4
+    max_retained_input_bytes: int = 1024**3
+    admin_token: str | None = None
+    gpu_time_flush_s: float = 1.0
     log_level: str = "info"
 
     @classmethod
@@ -120,6 +147,7 @@ class Settings(BaseSettings):
                     model_config_id="smollm2-135m-instruct-q4_1",
                     context_length=2048,
                     max_output_tokens=2048,
+                    batch=PricingSettings(input=10_000, cached_input=5_000, output=20_000),
                 )
             )
         return models

@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import Prices, pico_to_usd
 from backfill.errors import BackfillError
 from backfill.settings import Settings
+
+if TYPE_CHECKING:
+    from backfill.container import Backfill
 
 app = typer.Typer(help="Administer organizations and keys.", no_args_is_help=True)
 org_app = typer.Typer(help="Organizations.", no_args_is_help=True)
 key_app = typer.Typer(help="API keys.", no_args_is_help=True)
+credit_app = typer.Typer(help="Credit.", no_args_is_help=True)
+model_app = typer.Typer(help="Catalog models and their batch prices.", no_args_is_help=True)
+deployment_app = typer.Typer(help="Private deployments (billed by GPU time).", no_args_is_help=True)
+engine_app = typer.Typer(help="Configured engines.", no_args_is_help=True)
 app.add_typer(org_app, name="org")
 app.add_typer(key_app, name="key")
+app.add_typer(credit_app, name="credit")
+app.add_typer(model_app, name="model")
+app.add_typer(deployment_app, name="deployment")
+app.add_typer(engine_app, name="engine")
 
 ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
 DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
@@ -28,25 +42,24 @@ def _settings(config: Path | None, data: Path | None) -> Settings:
     return Settings(data_dir=data) if data is not None else Settings()
 
 
-async def _with_tenants(settings: Settings, action: str, *args: object) -> str:
+Action = Callable[["Backfill"], Awaitable[str]]
+
+
+async def _with_backfill(settings: Settings, action: Action) -> str:
     from backfill.container import build
 
     backfill = build(settings, role="api")
     await backfill.store.init()
     try:
-        tenants = backfill.services.tenants
-        if action == "org":
-            org = await tenants.create_org(str(args[0]))
-            return f"Created organization {org.name} ({org.id})."
-        secret = await tenants.create_key(str(args[0]), frozenset(str(args[1]).split(",")))
-        return secret
+        await backfill.seed_catalog()
+        return await action(backfill)
     finally:
         await backfill.store.close()
 
 
-def _run(settings: Settings, action: str, *args: object) -> None:
+def _run(settings: Settings, action: Action) -> None:
     try:
-        typer.echo(asyncio.run(_with_tenants(settings, action, *args)))
+        typer.echo(asyncio.run(_with_backfill(settings, action)))
     except BackfillError as exc:
         typer.secho(exc.message, err=True, fg="red")
         raise typer.Exit(1) from None
@@ -55,7 +68,12 @@ def _run(settings: Settings, action: str, *args: object) -> None:
 @org_app.command("create")
 def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
     """Create an organization."""
-    _run(_settings(config, data), "org", name)
+
+    async def action(b: Backfill) -> str:
+        org = await b.services.tenants.create_org(name)
+        return f"Created organization {org.name} ({org.id})."
+
+    _run(_settings(config, data), action)
 
 
 @key_app.command("create")
@@ -68,4 +86,133 @@ def key_create(
     data: DataOpt = None,
 ) -> None:
     """Create an API key; prints only the key, which is shown this once."""
-    _run(_settings(config, data), "key", org, scopes)
+
+    async def action(b: Backfill) -> str:
+        return await b.services.tenants.create_key(org, frozenset(scopes.split(",")))
+
+    _run(_settings(config, data), action)
+
+
+@credit_app.command("add")
+def credit_add(
+    org: Annotated[str, typer.Option(help="Organization name.")],
+    usd: Annotated[str, typer.Option(help="Amount in USD, exact (e.g. 25 or 12.50).")],
+    note: Annotated[str | None, typer.Option(help="Why, for the audit trail.")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Add credit to an organization."""
+
+    async def action(b: Backfill) -> str:
+        balance = await b.services.billing.add_credit(org, usd, note)
+        return f"Added {usd} USD to {org}; balance {pico_to_usd(balance)} USD."
+
+    _run(_settings(config, data), action)
+
+
+def _model_line(m: CatalogModel) -> str:
+    if m.private:
+        kind = (
+            f"private to {m.owner_org_id}, {m.gpu_count} GPU x {m.microusd_per_gpu_second} uUSD/s"
+        )
+    elif m.prices:
+        p = m.prices
+        kind = f"batch in/cached/out {p.input}/{p.cached_input}/{p.output} uUSD per 1M tokens"
+    else:
+        kind = "not batch-qualified"
+    return f"{m.id}  [{m.model_config_id}]  ctx {m.context_length}  {kind}"
+
+
+@model_app.command("list")
+def model_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """List catalog models and deployments."""
+
+    async def action(b: Backfill) -> str:
+        return "\n".join(_model_line(m) for m in await b.services.catalog.all())
+
+    _run(_settings(config, data), action)
+
+
+@model_app.command("set")
+def model_set(
+    model_id: Annotated[str, typer.Argument(help="Model name requests use.")],
+    config_id: Annotated[str, typer.Option("--config-id", help="model_config_id (revision).")],
+    context_length: Annotated[int, typer.Option()] = 8192,
+    max_output_tokens: Annotated[int, typer.Option()] = 4096,
+    input_price: Annotated[int | None, typer.Option(help="uUSD per 1M input tokens.")] = None,
+    cached_price: Annotated[int | None, typer.Option(help="uUSD per 1M cached tokens.")] = None,
+    output_price: Annotated[int | None, typer.Option(help="uUSD per 1M output tokens.")] = None,
+    throughput: Annotated[int | None, typer.Option(help="Output tokens/s for admission.")] = None,
+    modalities: Annotated[str, typer.Option(help="Comma-separated.")] = "text",
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Create or change a model; without prices it is not batch-qualified."""
+    prices = None
+    if input_price is not None and output_price is not None:
+        cached = cached_price if cached_price is not None else input_price
+        prices = Prices(input_price, cached, output_price)
+
+    async def action(b: Backfill) -> str:
+        model = await b.services.catalog.put(
+            CatalogModel(
+                id=model_id,
+                model_config_id=config_id,
+                context_length=context_length,
+                max_output_tokens=max_output_tokens,
+                modalities=frozenset(modalities.split(",")),
+                prices=prices,
+                throughput_tokens_per_s=throughput,
+            )
+        )
+        return _model_line(model)
+
+    _run(_settings(config, data), action)
+
+
+@deployment_app.command("set")
+def deployment_set(
+    deployment_id: Annotated[str, typer.Argument(help="Name requests use as body.model.")],
+    org: Annotated[str, typer.Option(help="Owning organization.")],
+    config_id: Annotated[str, typer.Option("--config-id", help="model_config_id served.")],
+    gpus: Annotated[int, typer.Option(help="GPUs of the deployment.")] = 1,
+    gpu_second_price: Annotated[int, typer.Option(help="uUSD per GPU-second.")] = 0,
+    context_length: Annotated[int, typer.Option()] = 8192,
+    max_output_tokens: Annotated[int, typer.Option()] = 4096,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Create or change a private deployment."""
+
+    async def action(b: Backfill) -> str:
+        owner = await b.services.tenants.org(org)
+        model = await b.services.catalog.put(
+            CatalogModel(
+                id=deployment_id,
+                model_config_id=config_id,
+                context_length=context_length,
+                max_output_tokens=max_output_tokens,
+                owner_org_id=owner.id,
+                gpu_count=gpus,
+                microusd_per_gpu_second=gpu_second_price,
+            )
+        )
+        return _model_line(model)
+
+    _run(_settings(config, data), action)
+
+
+@engine_app.command("list")
+def engine_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """List the engines this configuration defines (health: GET /admin/v1/engines)."""
+    settings = _settings(config, data)
+    lines = [
+        f"{e.name}  {e.base_url or 'managed: ' + ' '.join(e.command)}  models {', '.join(e.models)}"
+        f"  max_concurrency {e.max_concurrency}"
+        for e in settings.engines
+    ]
+    if settings.local_engine:
+        lines.insert(
+            0, "local-llama-cpp  managed llama.cpp  models HuggingFaceTB/SmolLM2-135M-Instruct"
+        )
+    typer.echo("\n".join(lines) or "No engines configured.")

@@ -14,6 +14,7 @@ import typer
 import uvicorn
 
 from backfill.cli import admin, batch
+from backfill.domain.money import usd_to_pico
 from backfill.settings import Settings
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ async def _bootstrap(settings: Settings) -> str | None:
     backfill = build(settings, role="api")
     await backfill.store.init()
     try:
-        return await backfill.services.tenants.bootstrap()
+        credit = usd_to_pico(settings.default_org_credit_usd)
+        return await backfill.services.tenants.bootstrap(credit=credit)
     finally:
         await backfill.store.close()
 

@@ -1,15 +1,38 @@
-"""Catalog entries as the domain sees them."""
+"""Catalog entries as the domain sees them: public model revisions and private deployments."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backfill.domain.money import Prices
+
 
 @dataclass(frozen=True, slots=True)
 class CatalogModel:
+    """A model revision requests can name in ``body.model``.
+
+    A public revision is batch-qualified when it has batch ``prices``. A private deployment
+    belongs to ``owner_org_id``, is billed by GPU time and has no token prices.
+    """
+
     id: str
     model_config_id: str
     context_length: int
     max_output_tokens: int
     modalities: frozenset[str] = field(default_factory=lambda: frozenset({"text"}))
-    batch: bool = True
+    prices: Prices | None = None
+    owner_org_id: str | None = None
+    gpu_count: int = 0
+    microusd_per_gpu_second: int = 0
+    throughput_tokens_per_s: int | None = None
+
+    @property
+    def private(self) -> bool:
+        return self.owner_org_id is not None
+
+    @property
+    def batch(self) -> bool:
+        return self.private or self.prices is not None
+
+    def visible_to(self, org_id: str) -> bool:
+        return self.owner_org_id is None or self.owner_org_id == org_id

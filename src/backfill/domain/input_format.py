@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import prompt_token_bound
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -70,6 +71,8 @@ class FileSummary:
     lines: int
     model: str | None
     endpoint: str | None
+    prompt_token_bound: int = 0
+    max_output_tokens: int = 0
 
 
 _DECODER = msgspec.json.Decoder(RequestLine)
@@ -102,6 +105,13 @@ def _decode_error(line_no: int, error: msgspec.ValidationError) -> LineError:
             param=unknown,
         )
     at = _AT.search(text)
+    if at is None and text.startswith("Expected `object`"):
+        return LineError(
+            "invalid_json_line",
+            f"Line {line_no} is not a JSON object; each line must be one object with "
+            "custom_id, method, url and body.",
+            line=line_no,
+        )
     param: str | None = at.group(1) if at else None
     reason = _AT.sub("", text)
     where = f" in field '{param}'" if param else ""
@@ -121,6 +131,8 @@ class LineValidator:
         self._model_name: str | None = None
         self._endpoint: str | None = None
         self.lines = 0
+        self._prompt_bound = 0
+        self._max_output = 0
 
     def check(self, raw: bytes, line_no: int) -> str:
         """Validate one line (without its newline) and return its ``custom_id``."""
@@ -147,11 +159,15 @@ class LineValidator:
                 f"Line {line_no} is not a valid JSON object ({exc}).",
                 line=line_no,
             ) from None
-        self._check_request(req, line_no)
+        model = self._check_request(req, line_no)
         self.lines = line_no
+        body = req.body
+        messages = len(body.messages) if body.messages else 1
+        self._prompt_bound += min(prompt_token_bound(len(raw), messages), model.context_length)
+        self._max_output += body.max_completion_tokens or body.max_tokens or 0
         return req.custom_id
 
-    def _check_request(self, req: RequestLine, line_no: int) -> None:
+    def _check_request(self, req: RequestLine, line_no: int) -> CatalogModel:
         cid = req.custom_id
         size = len(cid.encode())
         if size == 0 or size > MAX_CUSTOM_ID_BYTES:
@@ -197,6 +213,7 @@ class LineValidator:
             )
         model = self._check_model(req.body.model, line_no)
         self._check_body(req.body, req.url, model, line_no)
+        return model
 
     def _check_model(self, name: str, line_no: int) -> CatalogModel:
         if self._model is not None and name == self._model_name:
@@ -214,7 +231,8 @@ class LineValidator:
             why = "is not in the catalog" if model is None else "is not available for batch"
             raise LineError(
                 "model_not_found",
-                f"Line {line_no}: model {name!r} {why}; GET /v1/models lists the batch models.",
+                f"Line {line_no}: 'body.model' {name!r} {why}; GET /v1/models lists the batch "
+                "models.",
                 line=line_no,
                 param="body.model",
             )
@@ -309,7 +327,13 @@ class LineValidator:
             )
 
     def summary(self) -> FileSummary:
-        return FileSummary(lines=self.lines, model=self._model_name, endpoint=self._endpoint)
+        return FileSummary(
+            lines=self.lines,
+            model=self._model_name,
+            endpoint=self._endpoint,
+            prompt_token_bound=self._prompt_bound,
+            max_output_tokens=self._max_output,
+        )
 
 
 def custom_id_of(raw: bytes) -> str:

@@ -21,14 +21,21 @@ class LineSplitter:
         self.total = 0
 
     def feed(self, chunk: bytes) -> Iterator[tuple[int, int, bytes]]:
+        room = self._limits.max_file_bytes - self.total
         self.total += len(chunk)
-        if self.total > self._limits.max_file_bytes:
+        if len(chunk) > room:
+            # Lines that end before the limit are still checked (a bad one is reported first);
+            # then the line that crosses it is named.
+            yield from self._split(chunk[: max(room, 0)])
             raise LineError(
                 "file_too_large",
                 f"The file is larger than {self._limits.max_file_bytes} bytes (line "
                 f"{self._line_no + 1} crosses the limit); split it into several batches.",
                 line=self._line_no + 1,
             )
+        yield from self._split(chunk)
+
+    def _split(self, chunk: bytes) -> Iterator[tuple[int, int, bytes]]:
         self._buffer += chunk
         start = 0
         buf = self._buffer
@@ -40,7 +47,9 @@ class LineSplitter:
             start = end + 1
         del buf[:start]
         self._buffer_offset += start
-        if len(buf) > self._limits.max_line_bytes:
+        # A trailing "\r" may belong to a CRLF ending, which does not count toward the limit.
+        pending = len(buf) - (1 if buf.endswith(b"\r") else 0)
+        if pending > self._limits.max_line_bytes:
             self._line_too_large(self._line_no + 1)
 
     def finish(self) -> Iterator[tuple[int, int, bytes]]:
@@ -51,10 +60,10 @@ class LineSplitter:
 
     def _emit(self, raw: bytes, offset: int) -> Iterator[tuple[int, int, bytes]]:
         self._line_no += 1
-        if len(raw) > self._limits.max_line_bytes:
-            self._line_too_large(self._line_no)
         if raw.endswith(b"\r"):
             raw = raw[:-1]
+        if len(raw) > self._limits.max_line_bytes:
+            self._line_too_large(self._line_no)
         yield self._line_no, offset, raw
 
     def _line_too_large(self, line_no: int) -> None:

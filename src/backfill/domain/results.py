@@ -9,17 +9,17 @@ import orjson
 from backfill.domain import ids
 
 
-def success_row(custom_id: str, status_code: int, body: Any) -> bytes:
+def success_row(custom_id: str, status_code: int, body: Any, request_id: str) -> bytes:
     return _row(
         custom_id,
-        {"status_code": status_code, "request_id": ids.request_id(), "body": body},
+        {"status_code": status_code, "request_id": request_id, "body": body},
         None,
     )
 
 
 def http_error_row(custom_id: str, status_code: int, body: Any) -> bytes:
     """An engine's own HTTP error: kept in ``response``, with ``error: null`` as OpenAI does."""
-    return success_row(custom_id, status_code, body)
+    return success_row(custom_id, status_code, body, ids.request_id())
 
 
 def error_row(custom_id: str, code: str, message: str) -> bytes:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-TRANSIENT_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+# SPEC §9.2: connection errors, timeouts, 408, 429 and 5xx are transient; other 4xx are final.
+TRANSIENT_STATUSES = frozenset({408, 429})
 
 
 def is_transient(status: int) -> bool:

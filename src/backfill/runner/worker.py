@@ -19,6 +19,7 @@ from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, s
 from backfill.ports import (
     BatchRecord,
     BlobStore,
+    Catalog,
     ClaimedItem,
     Clock,
     EngineTimeout,
@@ -29,6 +30,7 @@ from backfill.ports import (
 )
 from backfill.runner.engines import EnginePool, EngineSlot
 from backfill.runner.finalize import Finalizer, result_context
+from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
 from backfill.services.files import FileService, content_key
@@ -45,6 +47,7 @@ class WorkerConfig:
     poll_interval_s: float = 0.05
     result_flush_s: float = 0.02
     lifecycle_interval_s: float = 0.2
+    gpu_time_flush_s: float = 1.0
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
 
@@ -55,6 +58,8 @@ class _Outcome:
     row: bytes
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
+    request_id: str | None = None
 
 
 class Worker:
@@ -68,8 +73,11 @@ class Worker:
         freed: asyncio.Event,
         clock: Clock,
         config: WorkerConfig,
+        catalog: Catalog,
     ) -> None:
         self._store = store
+        self._catalog = catalog
+        self._meter = GpuMeter(clock)
         self._blobs = blobs
         self._sealer = sealer
         self._files = files
@@ -111,7 +119,23 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._loops, *running, return_exceptions=True)
         await self._results.stop()
+        await self.charge_gpu_time()
         await self._pool.stop()
+
+    def engine_status(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": slot.engine.name,
+                "healthy": slot.healthy,
+                "in_flight": slot.in_flight,
+                "max_concurrency": slot.engine.max_concurrency,
+            }
+            for slot in self._pool.slots
+        ]
+
+    async def charge_gpu_time(self) -> None:
+        for receipt in self._meter.take():
+            await self._store.charge_gpu_time(receipt)
 
     async def _guard(self, name: str, loop: Any) -> None:
         """Keep a loop alive through unexpected errors (the database may blip)."""
@@ -185,10 +209,23 @@ class Worker:
         return claimed
 
     def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        task = asyncio.create_task(self._run_item(slot, batch, item))
+        task = asyncio.create_task(self._metered(slot, batch, item))
         tasks = self._tasks[batch.id]
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    async def _metered(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
+        deployment = None
+        if batch.billing == "gpu_time":
+            deployment = await self._catalog.find(batch.model)
+        if deployment is None:
+            await self._run_item(slot, batch, item)
+            return
+        self._meter.begin(deployment, batch.org_id)
+        try:
+            await self._run_item(slot, batch, item)
+        finally:
+            self._meter.end(deployment.id)
 
     async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         released = False
@@ -218,6 +255,9 @@ class Worker:
                     payload=sealed,
                     input_tokens=outcome.input_tokens,
                     output_tokens=outcome.output_tokens,
+                    cached_tokens=outcome.cached_tokens,
+                    request_id=outcome.request_id,
+                    custom_id=item.custom_id,
                 )
             )
         except asyncio.CancelledError:
@@ -286,14 +326,17 @@ class Worker:
                     },
                 ),
             )
-        usage = body.get("usage") or {} if isinstance(body, dict) else {}
+        usage = _usage(body)
         if isinstance(body, dict):
             body["model"] = batch.model
+        request_id = ids.request_id()
         return _Outcome(
             True,
-            success_row(item.custom_id, 200, body),
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
+            success_row(item.custom_id, 200, body, request_id),
+            input_tokens=usage[0],
+            output_tokens=usage[1],
+            cached_tokens=usage[2],
+            request_id=request_id,
         )
 
     # ---- leases ---------------------------------------------------------------------
@@ -306,8 +349,12 @@ class Worker:
     # ---- lifecycle ------------------------------------------------------------------
 
     async def _lifecycle_loop(self) -> None:
+        last_charge = self._clock.now()
         while True:
             await self.lifecycle_once()
+            if self._clock.now() - last_charge >= self._config.gpu_time_flush_s:
+                last_charge = self._clock.now()
+                await self.charge_gpu_time()
             await asyncio.sleep(self._config.lifecycle_interval_s)
 
     async def lifecycle_once(self) -> None:
@@ -341,6 +388,20 @@ class Worker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _usage(body: Any) -> tuple[int, int, int]:
+    """(prompt, completion, cached prompt) tokens the engine reported; zeros when absent."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0, 0
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return (
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(cached or 0),
+    )
 
 
 def _json_or_text(raw: bytes) -> Any:

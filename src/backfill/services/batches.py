@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -11,8 +12,9 @@ from backfill.domain import ids
 from backfill.domain.durations import parse_duration
 from backfill.domain.input_format import ENDPOINTS
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
+from backfill.domain.money import worst_case
 from backfill.errors import Conflict, InvalidInput, NotFound
-from backfill.ports import BatchRecord, Catalog, Clock, Page, Store
+from backfill.ports import Admission, BatchRecord, Catalog, Clock, Page, Store
 from backfill.services.files import INPUT_PURPOSE, FileService
 
 CREATE_FIELDS = frozenset(
@@ -29,6 +31,14 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class OrgLimits:
+    """Per-organization admission limits (SPEC §7.6)."""
+
+    max_unfinished_batches: int = 4
+    max_retained_input_bytes: int = 1024**3
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidInput:
@@ -71,6 +81,7 @@ class BatchService:
         min_window_s: float,
         max_window_s: float,
         idempotency_required: bool = False,
+        limits: OrgLimits | None = None,
     ) -> None:
         self._store = store
         self._files = files
@@ -79,6 +90,7 @@ class BatchService:
         self._min_window_s = min_window_s
         self._max_window_s = max_window_s
         self._idempotency_required = idempotency_required
+        self._limits = limits or OrgLimits()
 
     async def create(
         self, org_id: str, request: dict[str, Any], idempotency_key: str | None
@@ -110,9 +122,9 @@ class BatchService:
                 "Idempotency-Key",
                 code="missing_required_parameter",
             )
-        batch = await self._new_batch(org_id, request, idempotency_key, request_hash)
+        batch, admission = await self._new_batch(org_id, request, idempotency_key, request_hash)
         try:
-            await self._store.create_batch(batch)
+            await self._store.create_batch(batch, admission)
         except Conflict:
             if idempotency_key is None:
                 raise
@@ -143,7 +155,7 @@ class BatchService:
         request: dict[str, Any],
         idempotency_key: str | None,
         request_hash: str,
-    ) -> BatchRecord:
+    ) -> tuple[BatchRecord, Admission]:
         file_id = request.get("input_file_id")
         if not isinstance(file_id, str) or not file_id:
             raise _bad(
@@ -182,7 +194,7 @@ class BatchService:
                 f"'endpoint' is {endpoint!r} but the lines of {file_id} use {file.endpoint!r}.",
                 "endpoint",
             )
-        model = self._catalog.find(file.model or "")
+        model = await self._catalog.find(file.model or "", org_id)
         if model is None or not model.batch:
             raise _bad(
                 f"Model {file.model!r} is no longer available for batch.",
@@ -190,6 +202,17 @@ class BatchService:
                 code="model_not_found",
             )
         now = self._clock.now()
+        prices = None if model.private else model.prices
+        reserve = (
+            worst_case(prices, file.prompt_token_bound, file.max_output_tokens) if prices else 0
+        )
+        admission = Admission(
+            reserve=reserve,
+            require_positive_balance=model.private,
+            max_unfinished=self._limits.max_unfinished_batches,
+            max_retained_input_bytes=self._limits.max_retained_input_bytes,
+            throughput_tokens_per_s=model.throughput_tokens_per_s,
+        )
         return BatchRecord(
             id=ids.batch_id(),
             org_id=org_id,
@@ -205,7 +228,12 @@ class BatchService:
             metadata=metadata,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
-        )
+            billing="gpu_time" if model.private else "catalog",
+            price_input=prices.input if prices else None,
+            price_cached_input=prices.cached_input if prices else None,
+            price_output=prices.output if prices else None,
+            output_token_bound=file.max_output_tokens,
+        ), admission
 
     async def get(self, org_id: str, batch_id: str) -> BatchRecord:
         batch = await self._store.get_batch(org_id, batch_id)

@@ -6,6 +6,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 
 from backfill.domain import ids
+from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineSplitter
 from backfill.errors import Conflict, InvalidInput, NotFound
@@ -36,6 +37,7 @@ class Upload:
         content: BlobWriter,
         index: BlobWriter,
         file_id: str,
+        models: dict[str, CatalogModel],
     ) -> None:
         self._service = service
         self._org_id = org_id
@@ -44,7 +46,7 @@ class Upload:
         self.file_id = file_id
         limits = service.limits
         self._splitter = LineSplitter(limits)
-        self._validator = LineValidator(limits, service.catalog.find)
+        self._validator = LineValidator(limits, models.get)
         self._finished = False
 
     async def feed(self, chunk: bytes) -> None:
@@ -102,6 +104,8 @@ class Upload:
             lines=summary.lines,
             model=summary.model,
             endpoint=summary.endpoint,
+            prompt_token_bound=summary.prompt_token_bound,
+            max_output_tokens=summary.max_output_tokens,
         )
         await self._service.store.create_file(record)
         return record
@@ -160,7 +164,9 @@ class FileService:
         file_id = ids.file_id()
         content = await self.blobs.writer(content_key(file_id))
         index = await self.blobs.writer(index_key(file_id))
-        return Upload(self, org_id, content, index, file_id)
+        # One snapshot of the catalog per upload: every line is checked against the same one.
+        models = {m.id: m for m in await self.catalog.all(org_id)}
+        return Upload(self, org_id, content, index, file_id, models)
 
     async def get(self, org_id: str, file_id: str) -> FileRecord:
         record = await self.store.get_file(org_id, file_id)

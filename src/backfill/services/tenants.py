@@ -73,9 +73,18 @@ class TenantService:
             raise Unauthorized("The API key is not valid; check it or create a new one.")
         return Principal(org_id=key.org_id, scopes=key.scopes)
 
-    async def bootstrap(self, name: str = "default") -> str | None:
-        """On an empty database make org ``name`` and return a key with both scopes."""
+    async def bootstrap(self, name: str = "default", credit: int = 0) -> str | None:
+        """On an empty database make org ``name`` with ``credit`` picodollars and return a key
+        with both scopes."""
         if await self._store.count_orgs():
             return None
-        await self.create_org(name)
+        org = await self.create_org(name)
+        if credit > 0:
+            await self._store.add_credit(org.id, credit, "starting credit", int(self._clock.now()))
         return await self.create_key(name, SCOPES)
+
+    async def org(self, name: str) -> Org:
+        org = await self._store.org_by_name(name)
+        if org is None:
+            raise NotFound(f"No organization named {name!r}; create it first.")
+        return org

@@ -3,29 +3,35 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import and_, event, func, insert, or_, select, text, update
+from sqlalchemy import and_, event, func, insert, or_, select, text, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.migrate import upgrade
+from backfill.domain.catalog import CatalogModel
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
-from backfill.errors import Conflict
+from backfill.domain.money import Prices, pico_to_usd, token_charge
+from backfill.errors import Conflict, PaymentRequired, RateLimited
 from backfill.ports import (
+    Admission,
     ApiKey,
     BatchRecord,
     ClaimedItem,
     FileRecord,
     ItemResult,
+    Ledger,
     LineRef,
     Org,
     Page,
+    Receipt,
     StoredResult,
 )
 
@@ -44,6 +50,107 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+_TERMINAL = [
+    BatchStatus.COMPLETED.value,
+    BatchStatus.FAILED.value,
+    BatchStatus.EXPIRED.value,
+    BatchStatus.CANCELLED.value,
+]
+
+
+def _model(row: Any) -> CatalogModel:
+    prices = (
+        Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+        if row.price_input is not None and row.price_output is not None
+        else None
+    )
+    return CatalogModel(
+        id=row.id,
+        model_config_id=row.model_config_id,
+        context_length=row.context_length,
+        max_output_tokens=row.max_output_tokens,
+        modalities=frozenset(row.modalities.split(",")),
+        prices=prices,
+        owner_org_id=row.owner_org_id,
+        gpu_count=row.gpu_count,
+        microusd_per_gpu_second=row.microusd_per_gpu_second,
+        throughput_tokens_per_s=row.throughput_tokens_per_s,
+    )
+
+
+class _Settling:
+    """Charges of one batch within a result write: receipts, then one update per row."""
+
+    def __init__(self, row: Any) -> None:
+        self.id: str = row.id
+        self.org_id: str = row.org_id
+        self.model_config_id: str = row.model_config_id
+        self.reserved: int = row.reserved
+        self.prices = (
+            Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+            if row.billing == "catalog" and row.price_input is not None
+            else None
+        )
+        self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
+        self.charged = 0
+
+    def add(self, r: ItemResult, now: float) -> dict[str, Any] | None:
+        if not r.ok:
+            self.failed += 1
+            return None
+        self.ok += 1
+        self.tokens_in += r.input_tokens
+        self.tokens_out += r.output_tokens
+        self.cached += r.cached_tokens
+        if self.prices is None or r.request_id is None:
+            return None
+        amount = token_charge(self.prices, r.input_tokens, r.cached_tokens, r.output_tokens)
+        self.charged += amount
+        return {
+            "request_id": r.request_id,
+            "org_id": self.org_id,
+            "kind": "tokens",
+            "batch_id": self.id,
+            "idx": r.idx,
+            "custom_id": r.custom_id,
+            "model_config_id": self.model_config_id,
+            "input_tokens": r.input_tokens,
+            "cached_tokens": r.cached_tokens,
+            "output_tokens": r.output_tokens,
+            "price_input": self.prices.input,
+            "price_cached_input": self.prices.cached_input,
+            "price_output": self.prices.output,
+            "amount": amount,
+            "created_at": now,
+        }
+
+    async def apply(self, conn: AsyncConnection) -> None:
+        if not (self.ok or self.failed):
+            return
+        b = t.batches
+        release = min(self.charged, self.reserved)
+        await conn.execute(
+            update(b)
+            .where(b.c.id == self.id)
+            .values(
+                completed=b.c.completed + self.ok,
+                failed=b.c.failed + self.failed,
+                input_tokens=b.c.input_tokens + self.tokens_in,
+                output_tokens=b.c.output_tokens + self.tokens_out,
+                cached_tokens=b.c.cached_tokens + self.cached,
+                charged=b.c.charged + self.charged,
+                reserved=b.c.reserved - release,
+            )
+        )
+        if self.charged:
+            o = t.orgs
+            await conn.execute(
+                update(o)
+                .where(o.c.id == self.org_id)
+                .values(balance=o.c.balance - self.charged, reserved=o.c.reserved - release)
+            )
 
 
 def _batch(row: Any) -> BatchRecord:
@@ -129,6 +236,153 @@ class SqlStore:
             id=row.id, org_id=row.org_id, prefix=row.prefix, scopes=frozenset(row.scopes.split(","))
         )
 
+    # ---- catalog ----------------------------------------------------------------------
+
+    async def list_models(self) -> list[CatalogModel]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(t.models).order_by(t.models.c.id))).all()
+        return [_model(r) for r in rows]
+
+    async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None:
+        prices = model.prices
+        values: dict[str, Any] = {
+            "model_config_id": model.model_config_id,
+            "context_length": model.context_length,
+            "max_output_tokens": model.max_output_tokens,
+            "modalities": ",".join(sorted(model.modalities)),
+            "price_input": prices.input if prices else None,
+            "price_cached_input": prices.cached_input if prices else None,
+            "price_output": prices.output if prices else None,
+            "owner_org_id": model.owner_org_id,
+            "gpu_count": model.gpu_count,
+            "microusd_per_gpu_second": model.microusd_per_gpu_second,
+            "throughput_tokens_per_s": model.throughput_tokens_per_s,
+            "updated_at": now,
+        }
+        async with self.engine.begin() as conn:
+            exists = (
+                await conn.execute(select(t.models.c.id).where(t.models.c.id == model.id))
+            ).first()
+            if exists is None:
+                await conn.execute(insert(t.models).values(id=model.id, **values))
+            elif replace:
+                await conn.execute(
+                    update(t.models).where(t.models.c.id == model.id).values(**values)
+                )
+
+    # ---- billing ----------------------------------------------------------------------
+
+    async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(t.credits).values(
+                    id=f"cr_{uuid.uuid4().hex}",
+                    org_id=org_id,
+                    amount=amount,
+                    note=note,
+                    created_at=now,
+                )
+            )
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == org_id)
+                .values(balance=t.orgs.c.balance + amount)
+            )
+            balance = (
+                await conn.execute(select(t.orgs.c.balance).where(t.orgs.c.id == org_id))
+            ).scalar_one()
+        return int(balance)
+
+    async def ledger(self, org_id: str) -> Ledger:
+        async with self.engine.connect() as conn:
+            credits = (
+                await conn.execute(
+                    select(func.coalesce(func.sum(t.credits.c.amount), 0)).where(
+                        t.credits.c.org_id == org_id
+                    )
+                )
+            ).scalar_one()
+            charges = (
+                await conn.execute(
+                    select(func.coalesce(func.sum(t.receipts.c.amount), 0)).where(
+                        t.receipts.c.org_id == org_id
+                    )
+                )
+            ).scalar_one()
+            org = (
+                await conn.execute(
+                    select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
+                )
+            ).one()
+        return Ledger(int(credits), int(charges), int(org.balance), int(org.reserved))
+
+    async def balances(self, org_ids: Sequence[str]) -> dict[str, int]:
+        if not org_ids:
+            return {}
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(t.orgs.c.id, t.orgs.c.balance).where(t.orgs.c.id.in_(list(org_ids)))
+                )
+            ).all()
+        return {r.id: int(r.balance) for r in rows}
+
+    async def get_receipt(self, org_id: str, request_id: str) -> Receipt | None:
+        r = t.receipts
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(r).where(r.c.request_id == request_id, r.c.org_id == org_id)
+                )
+            ).first()
+        if row is None:
+            return None
+        prices = (
+            Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+            if row.price_input is not None and row.price_output is not None
+            else None
+        )
+        return Receipt(
+            request_id=row.request_id,
+            org_id=row.org_id,
+            kind=row.kind,
+            batch_id=row.batch_id,
+            custom_id=row.custom_id,
+            model_config_id=row.model_config_id,
+            deployment_id=row.deployment_id,
+            input_tokens=row.input_tokens,
+            cached_tokens=row.cached_tokens,
+            output_tokens=row.output_tokens,
+            prices=prices,
+            gpu_count=row.gpu_count,
+            gpu_ms=row.gpu_ms,
+            amount=row.amount,
+            started_at=row.started_at,
+            created_at=row.created_at,
+        )
+
+    async def charge_gpu_time(self, receipt: Receipt) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(t.receipts).values(
+                    request_id=receipt.request_id,
+                    org_id=receipt.org_id,
+                    kind=receipt.kind,
+                    deployment_id=receipt.deployment_id,
+                    model_config_id=receipt.model_config_id,
+                    gpu_count=receipt.gpu_count,
+                    gpu_ms=receipt.gpu_ms,
+                    amount=receipt.amount,
+                    started_at=receipt.started_at,
+                    created_at=receipt.created_at,
+                )
+            )
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == receipt.org_id)
+                .values(balance=t.orgs.c.balance - receipt.amount)
+            )
+
     # ---- files ------------------------------------------------------------------------
 
     async def create_file(self, record: FileRecord) -> None:
@@ -190,10 +444,23 @@ class SqlStore:
 
     # ---- batches ----------------------------------------------------------------------
 
-    async def create_batch(self, batch: BatchRecord) -> None:
+    async def create_batch(self, batch: BatchRecord, admission: Admission) -> None:
         values = {k: getattr(batch, k) for k in _BATCH_FIELDS}
         values["seq"] = time.time_ns()
+        values["reserved"] = admission.reserve
+        o = t.orgs
         async with self.engine.begin() as conn:
+            # Reserving first takes the org row's lock (PostgreSQL), so concurrent creations
+            # for one org are checked one after another and can never overspend.
+            reserved = await conn.execute(
+                update(o)
+                .where(o.c.id == batch.org_id, o.c.balance - o.c.reserved >= admission.reserve)
+                .where(o.c.balance > 0 if admission.require_positive_balance else true())
+                .values(reserved=o.c.reserved + admission.reserve)
+            )
+            if not reserved.rowcount:
+                await self._refuse_credit(conn, batch.org_id, admission)
+            await self._check_limits(conn, batch, admission)
             try:
                 await conn.execute(insert(t.batches).values(**values))
             except IntegrityError:
@@ -202,6 +469,87 @@ class SqlStore:
                     "request to get it.",
                     code="idempotency_key_conflict",
                 ) from None
+
+    async def _refuse_credit(
+        self, conn: AsyncConnection, org_id: str, admission: Admission
+    ) -> None:
+        row = (
+            await conn.execute(
+                select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
+            )
+        ).one()
+        available = row.balance - row.reserved
+        if admission.require_positive_balance:
+            raise PaymentRequired(
+                f"Batches on a private deployment need a positive balance (it is "
+                f"{pico_to_usd(row.balance)} USD); add credit and retry."
+            )
+        raise PaymentRequired(
+            f"This batch needs {pico_to_usd(admission.reserve)} USD of credit for its worst case "
+            f"but {pico_to_usd(available)} USD is available; add credit or submit fewer requests. "
+            "Nothing was queued and the input file can be used again."
+        )
+
+    async def _check_limits(
+        self, conn: AsyncConnection, batch: BatchRecord, admission: Admission
+    ) -> None:
+        b = t.batches
+        unfinished = (
+            await conn.execute(
+                select(func.count())
+                .select_from(b)
+                .where(b.c.org_id == batch.org_id, b.c.status.not_in(_TERMINAL))
+            )
+        ).scalar_one()
+        if unfinished >= admission.max_unfinished:
+            raise RateLimited(
+                f"This organization already has {unfinished} unfinished batches (the limit is "
+                f"{admission.max_unfinished}); wait for one to finish or cancel one, then retry.",
+                code="too_many_unfinished_batches",
+                retry_after_s=60,
+            )
+        f = t.files
+        retained = (
+            await conn.execute(
+                select(func.coalesce(func.sum(f.c.bytes), 0)).where(
+                    f.c.org_id == batch.org_id, f.c.purpose == "batch", f.c.status != "deleted"
+                )
+            )
+        ).scalar_one()
+        if retained > admission.max_retained_input_bytes:
+            raise RateLimited(
+                f"This organization keeps {retained} bytes of input files (the limit is "
+                f"{admission.max_retained_input_bytes}); delete input files you no longer need "
+                "(DELETE /v1/files/{id}) and retry.",
+                code="retained_input_limit",
+            )
+        if admission.throughput_tokens_per_s:
+            await self._check_capacity(conn, batch, admission.throughput_tokens_per_s)
+
+    async def _check_capacity(self, conn: AsyncConnection, batch: BatchRecord, rate: int) -> None:
+        b = t.batches
+        rows = (
+            await conn.execute(
+                select(b.c.output_token_bound, b.c.total, b.c.completed, b.c.failed).where(
+                    b.c.model == batch.model, b.c.status.not_in(_TERMINAL)
+                )
+            )
+        ).all()
+        queued = sum(
+            r.output_token_bound * (r.total - r.completed - r.failed) // max(r.total, 1)
+            for r in rows
+        )
+        window = batch.expires_at - batch.created_at
+        if queued + batch.output_token_bound > rate * window:
+            wait = -(-(queued + batch.output_token_bound - rate * window) // rate)
+            raise RateLimited(
+                f"{batch.model} has {queued} output tokens queued; with this batch's "
+                f"{batch.output_token_bound} it cannot finish inside the {batch.completion_window} "
+                f"window at {rate} tokens/s. Retry in about {wait}s, use a longer window, or split "
+                "the file.",
+                code="capacity_exceeded",
+                retry_after_s=int(wait),
+            )
 
     async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None:
         for start in range(0, len(lines), _INSERT_CHUNK):
@@ -334,9 +682,24 @@ class SqlStore:
 
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
-        accepted: dict[str, list[int]] = {}
+        b = t.batches
         flags: list[bool] = []
+        now = time.time()
         async with self.engine.begin() as conn:
+            batch_ids = sorted({r.batch_id for r in results})
+            query = select(
+                b.c.id,
+                b.c.org_id,
+                b.c.billing,
+                b.c.model_config_id,
+                b.c.reserved,
+                b.c.price_input,
+                b.c.price_cached_input,
+                b.c.price_output,
+            ).where(b.c.id.in_(batch_ids))
+            if not self.is_sqlite:
+                query = query.with_for_update()
+            batches = {row.id: _Settling(row) for row in (await conn.execute(query)).all()}
             for r in results:
                 res = await conn.execute(
                     update(i)
@@ -356,23 +719,15 @@ class SqlStore:
                         lease_until=None,
                     )
                 )
-                flags.append(bool(res.rowcount))
-                if res.rowcount:
-                    counts = accepted.setdefault(r.batch_id, [0, 0, 0, 0])
-                    counts[0 if r.ok else 1] += 1
-                    counts[2] += r.input_tokens
-                    counts[3] += r.output_tokens
-            for batch_id, (ok, bad, tin, tout) in accepted.items():
-                await conn.execute(
-                    update(t.batches)
-                    .where(t.batches.c.id == batch_id)
-                    .values(
-                        completed=t.batches.c.completed + ok,
-                        failed=t.batches.c.failed + bad,
-                        input_tokens=t.batches.c.input_tokens + tin,
-                        output_tokens=t.batches.c.output_tokens + tout,
-                    )
-                )
+                accepted = bool(res.rowcount)
+                flags.append(accepted)
+                if accepted:
+                    settling = batches[r.batch_id]
+                    receipt = settling.add(r, now)
+                    if receipt is not None:
+                        await conn.execute(insert(t.receipts).values(**receipt))
+            for settling in batches.values():
+                await settling.apply(conn)
         return flags
 
     async def release(self, batch_id: str, idx: int, token: str) -> None:
@@ -477,7 +832,20 @@ class SqlStore:
                 return False
             for record in (output, errors):
                 await conn.execute(insert(t.files).values(**_file_values(record)))
+            await self._release_reservation(conn, batch_id)
         return True
+
+    async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:
+        """At the terminal state the unspent part of the reservation goes back (SPEC §7.3)."""
+        b = t.batches
+        row = (await conn.execute(select(b.c.org_id, b.c.reserved).where(b.c.id == batch_id))).one()
+        if row.reserved:
+            await conn.execute(update(b).where(b.c.id == batch_id).values(reserved=0))
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == row.org_id)
+                .values(reserved=t.orgs.c.reserved - row.reserved)
+            )
 
 
 def _file_values(record: FileRecord) -> dict[str, Any]:

@@ -27,6 +27,66 @@ orgs = Table(
     Column("id", String(64), primary_key=True),
     Column("name", String(200), nullable=False, unique=True),
     Column("created_at", BigInteger, nullable=False),
+    # Picodollars. balance = sum(credits) - sum(receipts); reserved = sum of open reservations.
+    Column("balance", BigInteger, nullable=False, server_default="0"),
+    Column("reserved", BigInteger, nullable=False, server_default="0"),
+)
+
+# Public model revisions and private deployments (owner_org_id set).
+models = Table(
+    "models",
+    metadata,
+    Column("id", String(256), primary_key=True),
+    Column("model_config_id", String(256), nullable=False),
+    Column("context_length", Integer, nullable=False),
+    Column("max_output_tokens", Integer, nullable=False),
+    Column("modalities", String(200), nullable=False),
+    Column("price_input", BigInteger),
+    Column("price_cached_input", BigInteger),
+    Column("price_output", BigInteger),
+    Column("owner_org_id", String(64), ForeignKey("orgs.id")),
+    Column("gpu_count", Integer, nullable=False, server_default="0"),
+    Column("microusd_per_gpu_second", BigInteger, nullable=False, server_default="0"),
+    Column("throughput_tokens_per_s", BigInteger),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+credits = Table(
+    "credits",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("note", String(200)),
+    Column("created_at", BigInteger, nullable=False),
+    Index("ix_credits_org", "org_id"),
+)
+
+# One row per charge: a request's tokens, or a span of a private deployment's GPU time.
+receipts = Table(
+    "receipts",
+    metadata,
+    Column("request_id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("batch_id", String(64)),
+    Column("idx", Integer),
+    Column("custom_id", Text),
+    Column("model_config_id", String(256)),
+    Column("deployment_id", String(256)),
+    Column("input_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("cached_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("output_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("price_input", BigInteger),
+    Column("price_cached_input", BigInteger),
+    Column("price_output", BigInteger),
+    Column("gpu_count", Integer),
+    Column("gpu_ms", BigInteger),
+    Column("amount", BigInteger, nullable=False),
+    Column("started_at", Float),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("batch_id", "idx", name="uq_receipts_item"),
+    Index("ix_receipts_org", "org_id"),
 )
 
 api_keys = Table(
@@ -55,6 +115,8 @@ files = Table(
     Column("model", String(256)),
     Column("endpoint", String(64)),
     Column("batch_id", String(64)),
+    Column("prompt_token_bound", BigInteger, nullable=False, server_default="0"),
+    Column("max_output_tokens", BigInteger, nullable=False, server_default="0"),
     # Monotonic insertion order: list endpoints page by it, newest first.
     Column("seq", BigInteger, nullable=False),
     Index("ix_files_org_seq", "org_id", "seq"),
@@ -92,6 +154,15 @@ batches = Table(
     Column("metadata", JSON),
     Column("idempotency_key", String(256)),
     Column("request_hash", String(64)),
+    Column("billing", String(16), nullable=False, server_default="catalog"),
+    Column("price_input", BigInteger),
+    Column("price_cached_input", BigInteger),
+    Column("price_output", BigInteger),
+    Column("cached_tokens", BigInteger, nullable=False, server_default="0"),
+    # Picodollars still reserved for this batch; charged so far.
+    Column("reserved", BigInteger, nullable=False, server_default="0"),
+    Column("charged", BigInteger, nullable=False, server_default="0"),
+    Column("output_token_bound", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
     Index("ix_batches_status", "status"),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 
 from backfill import __version__
+from backfill.adapters.http.admin import router as admin_router
 from backfill.adapters.http.deps import Services
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
 from backfill.adapters.http.routes import router
@@ -18,6 +20,9 @@ def create_app(
     services: Services,
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    *,
+    admin_token: str | None = None,
+    engine_status: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -36,9 +41,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.services = services
+    app.state.admin_token = admin_token
+    app.state.engine_status = engine_status
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(router)
+    app.include_router(admin_router)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:

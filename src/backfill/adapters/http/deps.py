@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from backfill.ports import Catalog
 from backfill.services.batches import BatchService
+from backfill.services.billing import BillingService
+from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.tenants import Principal, TenantService
 
@@ -17,7 +18,8 @@ class Services:
     tenants: TenantService
     files: FileService
     batches: BatchService
-    catalog: Catalog
+    catalog: CatalogService
+    billing: BillingService
 
 
 def services(request: Request) -> Services:

@@ -47,6 +47,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _backfill(_: Request, exc: BackfillError) -> Response:
         if exc.status >= 500:
             log.error("request failed: %s", exc.code)
+        headers = None
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            headers = {"Retry-After": str(retry_after)}
         return error_response(
             exc.status,
             exc.message,
@@ -55,6 +59,7 @@ def install_error_handlers(app: FastAPI) -> None:
             param=exc.param,
             line=exc.line,
             retryable=exc.retryable,
+            headers=headers,
         )
 
     @app.exception_handler(RequestValidationError)

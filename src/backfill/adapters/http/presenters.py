@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from backfill.domain.catalog import CatalogModel
-from backfill.ports import BatchRecord, FileRecord
+from backfill.domain.money import pico_to_usd
+from backfill.ports import BatchRecord, FileRecord, Receipt
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:
@@ -47,29 +48,70 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
         "metadata": b.metadata,
         "usage": {
             "input_tokens": b.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": b.cached_tokens},
             "output_tokens": b.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": b.input_tokens + b.output_tokens,
         },
         "model_config_id": b.model_config_id,
-        "billing": "catalog",
-        "pricing": None,
+        "billing": b.billing,
+        "pricing": b.prices.as_api() if b.prices else None,
         "webhook_url": None,
     }
 
 
 def model_object(m: CatalogModel) -> dict[str, Any]:
-    return {
+    batch: dict[str, Any] | None = None
+    if m.private:
+        batch = {"modalities": sorted(m.modalities), "billing": "gpu_time", "pricing": None}
+    elif m.prices is not None:
+        batch = {
+            "modalities": sorted(m.modalities),
+            "billing": "catalog",
+            "pricing": m.prices.as_api(),
+        }
+    data: dict[str, Any] = {
         "id": m.id,
         "object": "model",
         "created": 0,
-        "owned_by": "backfill",
+        "owned_by": m.owner_org_id or "backfill",
         "model_config_id": m.model_config_id,
         "context_length": m.context_length,
         "max_output_tokens": m.max_output_tokens,
         "modalities": sorted(m.modalities),
-        "batch": {"modalities": sorted(m.modalities), "pricing": None} if m.batch else None,
+        "batch": batch,
+    }
+    if m.private:
+        data["deployment"] = {
+            "gpu_count": m.gpu_count,
+            "microusd_per_gpu_second": str(m.microusd_per_gpu_second),
+        }
+    else:
+        data["throughput_tokens_per_s"] = m.throughput_tokens_per_s
+    return data
+
+
+def receipt_object(r: Receipt) -> dict[str, Any]:
+    return {
+        "object": "receipt",
+        "request_id": r.request_id,
+        "kind": r.kind,
+        "batch_id": r.batch_id,
+        "custom_id": r.custom_id,
+        "model_config_id": r.model_config_id,
+        "deployment_id": r.deployment_id,
+        "usage": {
+            "input_tokens": r.input_tokens,
+            "input_tokens_details": {"cached_tokens": r.cached_tokens},
+            "output_tokens": r.output_tokens,
+            "total_tokens": r.input_tokens + r.output_tokens,
+        },
+        "pricing": r.prices.as_api() if r.prices else None,
+        "gpu_count": r.gpu_count,
+        "gpu_ms": r.gpu_ms,
+        "amount": {"unit": "picousd", "value": str(r.amount), "usd": pico_to_usd(r.amount)},
+        "started_at": r.started_at,
+        "created_at": r.created_at,
     }
 
 

@@ -10,7 +10,13 @@ from starlette.responses import Response, StreamingResponse
 
 from backfill.adapters.http.deps import Services, principal, services
 from backfill.adapters.http.multipart import stream_form
-from backfill.adapters.http.presenters import batch_object, file_object, list_object, model_object
+from backfill.adapters.http.presenters import (
+    batch_object,
+    file_object,
+    list_object,
+    model_object,
+    receipt_object,
+)
 from backfill.errors import InvalidInput
 from backfill.services.files import parse_expires_after
 from backfill.services.tenants import READ, WRITE, Principal
@@ -166,7 +172,14 @@ async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     return _json(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
 
 
-@router.get("/models", summary="The model catalog")
+@router.get("/models", summary="The model catalog (with this org's private deployments)")
 async def list_models(caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
-    return _json(list_object([model_object(m) for m in svc.catalog.all()], False))
+    models = await svc.catalog.all(caller.org_id)
+    return _json(list_object([model_object(m) for m in models], False))
+
+
+@router.get("/receipts/{request_id}", summary="What one request was charged")
+async def get_receipt(request_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    return _json(receipt_object(await svc.billing.receipt(caller.org_id, request_id)))

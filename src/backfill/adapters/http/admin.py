@@ -1,0 +1,164 @@
+"""The admin API under /admin/v1, mirroring ``backfill admin`` (SPEC §11.3)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from backfill.adapters.http.deps import Services, services
+from backfill.adapters.http.presenters import list_object, model_object
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import Prices, pico_to_usd
+from backfill.errors import NotFound, Unauthorized
+
+router = APIRouter(prefix="/admin/v1", include_in_schema=False)
+
+
+def require_admin(request: Request) -> None:
+    token: str | None = request.app.state.admin_token
+    if not token:
+        raise NotFound("The admin API is disabled; set admin_token (BACKFILL_ADMIN_TOKEN).")
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+        raise Unauthorized("The admin token is missing or wrong.", code="invalid_admin_token")
+
+
+Admin = Annotated[None, Depends(require_admin)]
+Svc = Annotated[Services, Depends(services)]
+
+
+def _json(data: Any) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json")
+
+
+class OrgIn(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class KeyIn(BaseModel):
+    org: str
+    scopes: list[str] = ["inference:write", "requests:read"]
+
+
+class CreditIn(BaseModel):
+    org: str
+    usd: str
+    note: str | None = None
+
+
+class PricingIn(BaseModel):
+    input: int = Field(ge=0)
+    cached_input: int | None = Field(default=None, ge=0)
+    output: int = Field(ge=0)
+
+
+class ModelIn(BaseModel):
+    model_config_id: str
+    context_length: int = Field(default=8192, ge=1)
+    max_output_tokens: int = Field(default=4096, ge=1)
+    modalities: list[str] = ["text"]
+    batch: PricingIn | None = None
+    throughput_tokens_per_s: int | None = Field(default=None, ge=1)
+
+
+class DeploymentIn(BaseModel):
+    org: str
+    model_config_id: str
+    gpu_count: int = Field(default=1, ge=1)
+    microusd_per_gpu_second: int = Field(ge=0)
+    context_length: int = Field(default=8192, ge=1)
+    max_output_tokens: int = Field(default=4096, ge=1)
+    modalities: list[str] = ["text"]
+
+
+def ledger_object(org: str, ledger: Any) -> dict[str, Any]:
+    return {
+        "org": org,
+        "unit": "usd",
+        "credits": pico_to_usd(ledger.credits),
+        "charges": pico_to_usd(ledger.charges),
+        "balance": pico_to_usd(ledger.balance),
+        "reserved": pico_to_usd(ledger.reserved),
+        "available": pico_to_usd(ledger.available),
+    }
+
+
+@router.post("/orgs")
+async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
+    org = await svc.tenants.create_org(body.name)
+    return _json({"id": org.id, "name": org.name, "created_at": org.created_at})
+
+
+@router.post("/keys")
+async def create_key(body: KeyIn, _: Admin, svc: Svc) -> Response:
+    return _json({"key": await svc.tenants.create_key(body.org, frozenset(body.scopes))})
+
+
+@router.post("/credits")
+async def add_credit(body: CreditIn, _: Admin, svc: Svc) -> Response:
+    await svc.billing.add_credit(body.org, body.usd, body.note)
+    org = await svc.tenants.org(body.org)
+    return _json(ledger_object(body.org, await svc.billing.ledger(org.id)))
+
+
+@router.get("/orgs/{name}/ledger")
+async def ledger(name: str, _: Admin, svc: Svc) -> Response:
+    org = await svc.tenants.org(name)
+    return _json(ledger_object(name, await svc.billing.ledger(org.id)))
+
+
+@router.get("/models")
+async def list_models(_: Admin, svc: Svc) -> Response:
+    models = await svc.catalog.all()
+    return _json(list_object([model_object(m) for m in models], False))
+
+
+@router.put("/models/{model_id:path}")
+async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
+    p = body.batch
+    prices = (
+        Prices(p.input, p.cached_input if p.cached_input is not None else p.input, p.output)
+        if p
+        else None
+    )
+    model = await svc.catalog.put(
+        CatalogModel(
+            id=model_id,
+            model_config_id=body.model_config_id,
+            context_length=body.context_length,
+            max_output_tokens=body.max_output_tokens,
+            modalities=frozenset(body.modalities),
+            prices=prices,
+            throughput_tokens_per_s=body.throughput_tokens_per_s,
+        )
+    )
+    return _json(model_object(model))
+
+
+@router.put("/deployments/{deployment_id:path}")
+async def put_deployment(deployment_id: str, body: DeploymentIn, _: Admin, svc: Svc) -> Response:
+    org = await svc.tenants.org(body.org)
+    model = await svc.catalog.put(
+        CatalogModel(
+            id=deployment_id,
+            model_config_id=body.model_config_id,
+            context_length=body.context_length,
+            max_output_tokens=body.max_output_tokens,
+            modalities=frozenset(body.modalities),
+            owner_org_id=org.id,
+            gpu_count=body.gpu_count,
+            microusd_per_gpu_second=body.microusd_per_gpu_second,
+        )
+    )
+    return _json(model_object(model))
+
+
+@router.get("/engines")
+async def list_engines(request: Request, _: Admin) -> Response:
+    status = request.app.state.engine_status
+    return _json(list_object(status() if status else [], False))

@@ -1,0 +1,87 @@
+"""GPU time of private deployments: busy while at least one request is in flight (SPEC §7.4).
+
+Time is counted per deployment, not per batch, so overlapping batches of one org are charged
+once. Milliseconds come from floored clock readings, so consecutive spans add up exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backfill.domain import ids
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import gpu_time_charge
+from backfill.ports import Clock, Receipt
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)
+
+
+@dataclass
+class _Span:
+    deployment: CatalogModel
+    org_id: str
+    in_flight: int = 0
+    since_ms: int = 0
+    started_at: float | None = None
+    pending_ms: int = 0
+
+
+class GpuMeter:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._spans: dict[str, _Span] = {}
+
+    def begin(self, deployment: CatalogModel, org_id: str) -> None:
+        span = self._spans.get(deployment.id)
+        if span is None:
+            span = self._spans[deployment.id] = _Span(deployment, org_id)
+        if span.in_flight == 0:
+            now = self._clock.now()
+            span.since_ms = _ms(now)
+            if span.started_at is None:
+                span.started_at = now
+        span.in_flight += 1
+
+    def end(self, deployment_id: str) -> None:
+        span = self._spans[deployment_id]
+        span.in_flight -= 1
+        if span.in_flight == 0:
+            span.pending_ms += _ms(self._clock.now()) - span.since_ms
+
+    def take(self) -> list[Receipt]:
+        """Receipts for the GPU time accrued since the last call (open spans included)."""
+        now = self._clock.now()
+        receipts: list[Receipt] = []
+        for span in self._spans.values():
+            ms = span.pending_ms
+            if span.in_flight:
+                ms += _ms(now) - span.since_ms
+                span.since_ms = _ms(now)
+            span.pending_ms = 0
+            if ms <= 0:
+                continue
+            d = span.deployment
+            receipts.append(
+                Receipt(
+                    request_id=ids.request_id(),
+                    org_id=span.org_id,
+                    kind="gpu_time",
+                    batch_id=None,
+                    custom_id=None,
+                    model_config_id=d.model_config_id,
+                    deployment_id=d.id,
+                    input_tokens=0,
+                    cached_tokens=0,
+                    output_tokens=0,
+                    prices=None,
+                    gpu_count=d.gpu_count,
+                    gpu_ms=ms,
+                    amount=gpu_time_charge(d.gpu_count, d.microusd_per_gpu_second, ms),
+                    started_at=span.started_at,
+                    created_at=now,
+                )
+            )
+            span.started_at = now if span.in_flight else None
+        return receipts
