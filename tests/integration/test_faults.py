@@ -6,6 +6,7 @@ straight to the error file), §6.2 (error rows), §6.3 (one row per ``custom_id`
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -82,6 +84,20 @@ def engine(
     )
 
 
+@asynccontextmanager
+async def backfill_on(
+    tmp_path: Path, config: SimulatorConfig, *, request_timeout_s: float = 10.0, **overrides: Any
+) -> AsyncIterator[tuple[InProcess, Simulator, list[Attempt]]]:
+    """The recording simulator, and Backfill in process with it as its only engine."""
+    async with (
+        simulator(config) as (url, sim, attempts),
+        in_process_backfill(
+            tmp_path, url, engines=[engine(url, request_timeout_s=request_timeout_s)], **overrides
+        ) as bf,
+    ):
+        yield bf, sim, attempts
+
+
 async def outcome(
     bf: InProcess, rows: list[dict[str, Any]], timeout_s: float = 90
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -110,12 +126,9 @@ def by_prompt(attempts: list[Attempt], keep: Callable[[Attempt], bool]) -> dict[
 
 
 async def test_5xx_then_success_ends_in_the_output_file(tmp_path: Path) -> None:
-    async with simulator(FAST) as (url, sim, _):
-        async with in_process_backfill(tmp_path, url, engines=[engine(url)]) as bf:
-            rows = [
-                chat_line(f"flaky-{i}", f"[[sim:fail_first=2]] question {i}") for i in range(10)
-            ]
-            batch, out, err = await outcome(bf, rows)
+    async with backfill_on(tmp_path, FAST) as (bf, sim, _):
+        rows = [chat_line(f"flaky-{i}", f"[[sim:fail_first=2]] question {i}") for i in range(10)]
+        batch, out, err = await outcome(bf, rows)
 
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 10, "completed": 10, "failed": 0}
@@ -130,10 +143,9 @@ async def test_5xx_then_success_ends_in_the_output_file(tmp_path: Path) -> None:
 
 async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
     config = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4, rate_limit_rate=0.3, seed=7)
-    async with simulator(config) as (url, sim, attempts):
-        async with in_process_backfill(tmp_path, url, engines=[engine(url)], max_attempts=12) as bf:
-            rows = [chat_line(f"rl-{i}", f"rate limited question {i}") for i in range(80)]
-            batch, out, err = await outcome(bf, rows)
+    async with backfill_on(tmp_path, config, max_attempts=12) as (bf, sim, attempts):
+        rows = [chat_line(f"rl-{i}", f"rate limited question {i}") for i in range(80)]
+        batch, out, err = await outcome(bf, rows)
 
     assert sim.stats.by_status[429] > 0, "the seed should produce some 429 answers"
     assert batch["status"] == "completed"
@@ -146,7 +158,7 @@ async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
     gaps = [
         later.started - earlier.ended
         for tries in by_prompt(attempts, lambda a: a.prompt != "").values()
-        for earlier, later in zip(tries, tries[1:], strict=False)
+        for earlier, later in itertools.pairwise(tries)
         if earlier.status == 429
     ]
     assert gaps, "some prompt should have been retried after a 429"
@@ -154,11 +166,10 @@ async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
 
 
 async def test_dropped_connections_retry_then_engine_unavailable(tmp_path: Path) -> None:
-    async with simulator(FAST) as (url, sim, _):
-        async with in_process_backfill(tmp_path, url, engines=[engine(url)], max_attempts=3) as bf:
-            rows = [chat_line(f"drop-{i}", f"[[sim:drop]] question {i}") for i in range(5)]
-            rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(5)]
-            batch, out, err = await outcome(bf, rows)
+    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim, _):
+        rows = [chat_line(f"drop-{i}", f"[[sim:drop]] question {i}") for i in range(5)]
+        rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(5)]
+        batch, out, err = await outcome(bf, rows)
 
     assert batch["status"] == "completed"
     assert_exactly_once(rows, out, err)
@@ -175,12 +186,10 @@ async def test_dropped_connections_retry_then_engine_unavailable(tmp_path: Path)
 
 
 async def test_timeouts_retry_then_request_timeout(tmp_path: Path) -> None:
-    async with simulator(FAST) as (url, sim, _):
-        engines = [engine(url, request_timeout_s=0.5)]
-        async with in_process_backfill(tmp_path, url, engines=engines, max_attempts=3) as bf:
-            rows = [chat_line(f"hang-{i}", f"[[sim:hang]] question {i}") for i in range(4)]
-            rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
-            batch, out, err = await outcome(bf, rows)
+    async with backfill_on(tmp_path, FAST, request_timeout_s=0.5, max_attempts=3) as (bf, sim, _):
+        rows = [chat_line(f"hang-{i}", f"[[sim:hang]] question {i}") for i in range(4)]
+        rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
+        batch, out, err = await outcome(bf, rows)
 
     assert batch["status"] == "completed"
     assert_exactly_once(rows, out, err)
@@ -194,11 +203,10 @@ async def test_timeouts_retry_then_request_timeout(tmp_path: Path) -> None:
 
 
 async def test_non_transient_400_is_not_retried(tmp_path: Path) -> None:
-    async with simulator(FAST) as (url, sim, _):
-        async with in_process_backfill(tmp_path, url, engines=[engine(url)]) as bf:
-            rows = [chat_line(f"bad-{i}", f"[[sim:status=400]] question {i}") for i in range(6)]
-            rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
-            batch, out, err = await outcome(bf, rows)
+    async with backfill_on(tmp_path, FAST) as (bf, sim, _):
+        rows = [chat_line(f"bad-{i}", f"[[sim:status=400]] question {i}") for i in range(6)]
+        rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
+        batch, out, err = await outcome(bf, rows)
 
     assert batch["status"] == "completed"
     assert_exactly_once(rows, out, err)
@@ -226,10 +234,9 @@ async def test_mixed_random_faults_every_row_exactly_once(tmp_path: Path) -> Non
         drop_rate=0.05,
         seed=20240607,
     )
-    async with simulator(config) as (url, sim, _):
-        async with in_process_backfill(tmp_path, url, engines=[engine(url)]) as bf:
-            rows = [chat_line(f"mix-{i:03d}", f"mixed question {i}") for i in range(300)]
-            batch, out, err = await outcome(bf, rows, timeout_s=120)
+    async with backfill_on(tmp_path, config) as (bf, sim, _):
+        rows = [chat_line(f"mix-{i:03d}", f"mixed question {i}") for i in range(300)]
+        batch, out, err = await outcome(bf, rows, timeout_s=120)
 
     faults = sim.stats.by_status
     assert faults[500] > 0, "the seed should produce 500s"
@@ -247,3 +254,40 @@ async def test_mixed_random_faults_every_row_exactly_once(tmp_path: Path) -> Non
             assert row["error"] is None
     # Most rows succeed: a row fails only when all five attempts hit a fault.
     assert len(out) >= 290
+
+
+@pytest.mark.parametrize(
+    ("status", "transient"),
+    [
+        (400, False),
+        (401, False),
+        (404, False),
+        (409, False),
+        (413, False),
+        (422, False),
+        (408, True),
+        (500, True),
+        (502, True),
+        (503, True),
+        (504, True),
+    ],
+)
+async def test_which_engine_statuses_are_retried(
+    tmp_path: Path, status: int, transient: bool
+) -> None:
+    """SPEC §9.2: connection errors, 408, 429, 5xx and timeouts retry; other 4xx do not."""
+    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim, _):
+        rows = [chat_line("only", f"[[sim:status={status}]] question")]
+        batch, out, err = await outcome(bf, rows)
+
+    assert batch["status"] == "completed"
+    assert out == []
+    assert len(err) == 1
+    assert err[0]["error"] is None
+    assert err[0]["response"]["status_code"] == status
+    assert err[0]["response"]["body"]["error"]["message"] == f"simulated status {status}"
+    expected = 3 if transient else 1
+    assert sim.stats.requests == expected, (
+        f"HTTP {status} was sent {sim.stats.requests} times; expected {expected} "
+        f"({'transient: retried up to max_attempts' if transient else 'not retried'})"
+    )

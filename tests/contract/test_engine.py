@@ -1,0 +1,272 @@
+"""One contract for every ``Engine`` adapter, plus the HTTP adapter's error mapping (SPEC §9.2)."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from backfill.adapters.engines.fake import FakeEngine
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine, parse_retry_after
+from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
+from backfill.ports import Engine, EngineTimeout, EngineUnreachable
+from tests.support import free_port, running_simulator
+
+CATALOG_NAME = "catalog-model"
+SERVED_NAME = "served-model"
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(content: str = "hello there", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": CATALOG_NAME,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        **extra,
+    }
+
+
+@dataclass
+class EngineCase:
+    engine: Engine
+    served_name: str
+    """The model name the engine's server is asked for."""
+    seen_models: Callable[[], dict[str, int]]
+    """Model names the engine's server received, with counts."""
+
+
+def _fake(_: tuple[str, Simulator]) -> EngineCase:
+    engine = FakeEngine("fake", models=(CATALOG_NAME,))
+
+    def seen() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for _path, body in engine.calls:
+            counts[body["model"]] = counts.get(body["model"], 0) + 1
+        return counts
+
+    # The fake serves the catalog name as is.
+    return EngineCase(engine, CATALOG_NAME, seen)
+
+
+def _http(sim: tuple[str, Simulator]) -> EngineCase:
+    url, simulator = sim
+    engine = OpenAIHttpEngine("sim", url, {CATALOG_NAME: SERVED_NAME}, request_timeout_s=10.0)
+    return EngineCase(engine, SERVED_NAME, lambda: dict(simulator.stats.models))
+
+
+ENGINES: dict[str, Callable[[tuple[str, Simulator]], EngineCase]] = {
+    "fake": _fake,
+    "openai_http": _http,
+}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+async def case(
+    request: pytest.FixtureRequest, sim: tuple[str, Simulator]
+) -> AsyncIterator[EngineCase]:
+    made = ENGINES[request.param](sim)
+    try:
+        yield made
+    finally:
+        await made.engine.close()
+
+
+@pytest.fixture
+async def http_engine(sim: tuple[str, Simulator]) -> AsyncIterator[OpenAIHttpEngine]:
+    engine = OpenAIHttpEngine("sim", sim[0], {CATALOG_NAME: SERVED_NAME}, request_timeout_s=10.0)
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def error_body(body: bytes) -> dict[str, Any]:
+    data: dict[str, Any] = orjson.loads(body)
+    return data
+
+
+# ---- the contract -----------------------------------------------------------------------
+
+
+async def test_serves_only_its_models(case: EngineCase) -> None:
+    assert case.engine.serves(CATALOG_NAME)
+    assert not case.engine.serves("some-other-model")
+    assert case.engine.name
+    assert case.engine.max_concurrency >= 1
+
+
+async def test_send_returns_a_chat_completion_with_usage(case: EngineCase) -> None:
+    reply = await case.engine.send(CHAT, CATALOG_NAME, chat_body())
+    assert reply.status == 200
+    body = orjson.loads(reply.body)
+    assert body["object"] == "chat.completion"
+    assert isinstance(body["choices"][0]["message"]["content"], str)
+    usage = body["usage"]
+    assert all(isinstance(usage[k], int) for k in ("prompt_tokens", "completion_tokens"))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 0 < usage["completion_tokens"] <= 8
+
+
+async def test_send_renames_the_model_to_the_served_name(case: EngineCase) -> None:
+    body = chat_body()
+    reply = await case.engine.send(CHAT, CATALOG_NAME, body)
+    assert reply.status == 200
+    assert case.seen_models() == {case.served_name: 1}
+    # The caller's body is not changed: a retry sends the same line again.
+    assert body == chat_body()
+
+
+async def test_max_tokens_is_passed_on(case: EngineCase) -> None:
+    reply = await case.engine.send(CHAT, CATALOG_NAME, chat_body(max_tokens=1))
+    assert orjson.loads(reply.body)["usage"]["completion_tokens"] == 1
+
+
+async def test_stream_flag_still_gets_one_json_answer(case: EngineCase) -> None:
+    reply = await case.engine.send(CHAT, CATALOG_NAME, chat_body(stream=True))
+    assert reply.status == 200
+    assert orjson.loads(reply.body)["object"] == "chat.completion"
+
+
+async def test_healthy(case: EngineCase) -> None:
+    assert await case.engine.healthy() is True
+
+
+async def test_many_sends_in_a_row(case: EngineCase) -> None:
+    for i in range(5):
+        reply = await case.engine.send(CHAT, CATALOG_NAME, chat_body(f"question {i}"))
+        assert reply.status == 200
+    assert case.seen_models() == {case.served_name: 5}
+
+
+# ---- the HTTP adapter -------------------------------------------------------------------
+
+
+async def test_http_model_rename_reaches_the_engine(
+    http_engine: OpenAIHttpEngine, sim: tuple[str, Simulator]
+) -> None:
+    reply = await http_engine.send(CHAT, CATALOG_NAME, chat_body())
+    assert orjson.loads(reply.body)["model"] == SERVED_NAME
+    assert sim[1].stats.models[SERVED_NAME] == 1
+    assert sim[1].stats.models[CATALOG_NAME] == 0
+
+
+async def test_http_completions_endpoint(http_engine: OpenAIHttpEngine) -> None:
+    body = {"model": CATALOG_NAME, "prompt": "once upon a time", "max_tokens": 4}
+    reply = await http_engine.send("/v1/completions", CATALOG_NAME, body)
+    assert reply.status == 200
+    assert orjson.loads(reply.body)["object"] == "text_completion"
+
+
+async def test_http_base_url_without_v1(sim: tuple[str, Simulator]) -> None:
+    root = sim[0].removesuffix("/v1")
+    engine = OpenAIHttpEngine("sim", root + "/", {CATALOG_NAME: SERVED_NAME})
+    try:
+        assert await engine.healthy()
+        reply = await engine.send(CHAT, CATALOG_NAME, chat_body())
+        assert reply.status == 200
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("status", [400, 404, 422, 500, 503])
+async def test_http_error_status_comes_back_with_the_engine_body(
+    http_engine: OpenAIHttpEngine, status: int
+) -> None:
+    reply = await http_engine.send(CHAT, CATALOG_NAME, chat_body(f"[[sim:status={status}]]"))
+    assert reply.status == status
+    assert error_body(reply.body)["error"]["message"] == f"simulated status {status}"
+    assert reply.retry_after_s is None
+
+
+async def test_http_rate_limit_carries_retry_after() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4, rate_limit_rate=1.0)
+    async with running_simulator(config) as (url, simulator):
+        engine = OpenAIHttpEngine("sim", url, {CATALOG_NAME: SERVED_NAME})
+        try:
+            reply = await engine.send(CHAT, CATALOG_NAME, chat_body())
+        finally:
+            await engine.close()
+    assert reply.status == 429
+    assert reply.retry_after_s == pytest.approx(0.05)
+    assert error_body(reply.body)["error"]["message"] == "simulated rate limit"
+    assert simulator.stats.by_status[429] == 1
+
+
+async def test_http_dropped_connection_is_unreachable(http_engine: OpenAIHttpEngine) -> None:
+    with pytest.raises(EngineUnreachable):
+        await http_engine.send(CHAT, CATALOG_NAME, chat_body("[[sim:drop]]"))
+    # The adapter recovers: the next request gets a fresh connection.
+    assert (await http_engine.send(CHAT, CATALOG_NAME, chat_body())).status == 200
+
+
+@asynccontextmanager
+async def impatient_simulator() -> AsyncIterator[str]:
+    """A simulator whose shutdown cancels hanging handlers instead of waiting a minute."""
+    simulator = Simulator(SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4))
+    runner = web.AppRunner(
+        simulator.app(), access_log=None, shutdown_timeout=0.1, handler_cancellation=True
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", free_port())
+    await site.start()
+    try:
+        yield site.name.rstrip("/") + "/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_http_hang_times_out() -> None:
+    async with impatient_simulator() as url:
+        engine = OpenAIHttpEngine("sim", url, {CATALOG_NAME: SERVED_NAME}, request_timeout_s=0.3)
+        await _hang_times_out(engine)
+
+
+async def _hang_times_out(engine: OpenAIHttpEngine) -> None:
+    try:
+        with pytest.raises(EngineTimeout):
+            await engine.send(CHAT, CATALOG_NAME, chat_body("[[sim:hang]]"))
+        assert (await engine.send(CHAT, CATALOG_NAME, chat_body())).status == 200
+    finally:
+        await engine.close()
+
+
+async def test_http_closed_port_is_unhealthy_and_unreachable() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    engine = OpenAIHttpEngine("dead", url, {CATALOG_NAME: SERVED_NAME}, connect_timeout_s=2.0)
+    try:
+        assert await engine.healthy() is False
+        with pytest.raises(EngineUnreachable):
+            await engine.send(CHAT, CATALOG_NAME, chat_body())
+    finally:
+        await engine.close()
+
+
+async def test_http_close_is_idempotent(http_engine: OpenAIHttpEngine) -> None:
+    await http_engine.close()
+    await http_engine.close()
+
+
+def test_parse_retry_after_seconds() -> None:
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("0.05") == pytest.approx(0.05)
+    assert parse_retry_after("0") == 0.0
+    assert parse_retry_after("-5") == 0.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("") is None
+    assert parse_retry_after("soon") is None
+
+
+def test_parse_retry_after_http_date() -> None:
+    future = email.utils.formatdate(time.time() + 120, usegmt=True)
+    seconds = parse_retry_after(future)
+    assert seconds is not None
+    assert 100 <= seconds <= 121
+    past = email.utils.formatdate(time.time() - 3600, usegmt=True)
+    assert parse_retry_after(past) == 0.0

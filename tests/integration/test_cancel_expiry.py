@@ -1,0 +1,403 @@
+"""Cancelling and expiring batches mid-run, and validation of batch creation.
+
+SPEC §4.1 (completion_window, metadata, unknown fields), §4.5 (cancel), §4.6 (expiry),
+§6.2-6.3 (error rows ``batch_cancelled`` / ``batch_expired``, one row per ``custom_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from backfill.adapters.clock import ManualClock
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
+from tests.support import (
+    SIM_MODEL,
+    TERMINAL,
+    InProcess,
+    chat_line,
+    free_port,
+    in_process_backfill,
+    jsonl,
+)
+
+FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
+
+
+@asynccontextmanager
+async def simulator(config: SimulatorConfig) -> AsyncIterator[tuple[str, Simulator]]:
+    """The simulator in this loop; it does not wait for abandoned slow answers at exit."""
+    sim = Simulator(config)
+    runner = web.AppRunner(sim.app(), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", sim
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def backfill_on(
+    tmp_path: Path, config: SimulatorConfig, *, max_concurrency: int, **overrides: Any
+) -> AsyncIterator[tuple[InProcess, Simulator]]:
+    """Backfill in process with one simulated engine limited to ``max_concurrency``."""
+    async with simulator(config) as (url, sim):
+        engine = OpenAIHttpEngine(
+            "sim", url, {SIM_MODEL: SIM_MODEL}, max_concurrency=max_concurrency
+        )
+        async with in_process_backfill(tmp_path, url, engines=[engine], **overrides) as bf:
+            yield bf, sim
+
+
+async def until(what: str, check: Callable[[], Any], timeout_s: float = 30) -> None:
+    """Poll ``check`` (sync or async) until it is truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def get_batch(bf: InProcess, batch_id: str) -> dict[str, Any]:
+    response = await bf.client.get(f"/v1/batches/{batch_id}")
+    assert response.status_code == 200, response.text
+    batch: dict[str, Any] = response.json()
+    return batch
+
+
+async def submit(bf: InProcess, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    uploaded = await bf.upload(jsonl(rows))
+    assert uploaded.status_code == 200, uploaded.text
+    created = await bf.create(uploaded.json()["id"], **extra)
+    assert created.status_code == 200, created.text
+    batch: dict[str, Any] = created.json()
+    return batch
+
+
+def assert_exactly_once(
+    rows: list[dict[str, Any]], out: list[dict[str, Any]], err: list[dict[str, Any]]
+) -> None:
+    seen = Counter(r["custom_id"] for r in out + err)
+    duplicated = sorted(c for c, n in seen.items() if n > 1)
+    assert not duplicated, f"custom_ids with more than one row: {duplicated[:10]}"
+    assert set(seen) == {r["custom_id"] for r in rows}
+
+
+# ---- cancel -------------------------------------------------------------------------------
+
+
+async def test_cancel_lets_running_requests_finish_and_closes_the_rest(tmp_path: Path) -> None:
+    async with backfill_on(tmp_path, FAST, max_concurrency=2) as (bf, sim):
+        rows = [chat_line(f"fast-{i}", f"quick question {i}") for i in range(2)]
+        rows += [
+            chat_line(f"slow-{i:02d}", f"[[sim:delay_ms=2000]] slow question {i}")
+            for i in range(18)
+        ]
+        created = await submit(bf, rows)
+        batch_id = created["id"]
+
+        async def two_done_two_running() -> bool:
+            batch = await get_batch(bf, batch_id)
+            return bool(batch["request_counts"]["completed"] >= 2 and sim.stats.in_flight == 2)
+
+        await until("two finished and two running requests", two_done_two_running)
+
+        # The SDK sends an empty JSON object as the body.
+        cancel = await bf.client.post(
+            f"/v1/batches/{batch_id}/cancel",
+            content=b"{}",
+            headers={"Content-Type": "application/json"},
+        )
+        running_at_cancel = sim.stats.in_flight
+        started_at_cancel = sim.stats.requests
+        assert cancel.status_code == 200, cancel.text
+        cancelling = cancel.json()
+        assert cancelling["id"] == batch_id
+        assert cancelling["status"] == "cancelling"
+        assert cancelling["cancelling_at"] is not None
+        assert cancelling["cancelled_at"] is None
+        assert cancelling["output_file_id"] is None
+        assert running_at_cancel > 0, "cancel must answer at once, not after running requests"
+
+        await until("the running requests to end", lambda: sim.stats.in_flight == 0)
+        drained = time.monotonic()
+
+        async def terminal() -> bool:
+            return (await get_batch(bf, batch_id))["status"] in TERMINAL
+
+        await until("the batch to leave 'cancelling'", terminal)
+        waited = time.monotonic() - drained
+        assert waited < 5, f"'cancelled' came {waited:.1f}s after the last request ended"
+
+        batch = await get_batch(bf, batch_id)
+        out = await bf.rows(batch["output_file_id"])
+        err = await bf.rows(batch["error_file_id"])
+        await asyncio.sleep(0.3)
+        started_after = sim.stats.requests
+
+    assert batch["status"] == "cancelled"
+    assert batch["cancelled_at"] is not None
+    assert batch["cancelling_at"] == cancelling["cancelling_at"]
+    assert batch["cancelled_at"] >= batch["cancelling_at"]
+    assert batch["completed_at"] is None
+    assert_exactly_once(rows, out, err)
+    # The requests that were running finished and are published; nothing new started.
+    assert started_after == started_at_cancel, "a request started after the cancel"
+    assert len(out) == started_at_cancel
+    assert {"fast-0", "fast-1"} <= {r["custom_id"] for r in out}
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in out)
+    assert len(err) == 20 - len(out)
+    assert len(err) >= 14
+    for row in err:
+        assert row["response"] is None
+        assert row["error"]["code"] == "batch_cancelled"
+        assert row["error"]["message"]
+    assert batch["request_counts"] == {"total": 20, "completed": len(out), "failed": len(err)}
+
+
+async def test_cancel_of_a_terminal_batch_returns_it_unchanged(tmp_path: Path) -> None:
+    async with backfill_on(tmp_path, FAST, max_concurrency=4) as (bf, _):
+        rows = [chat_line(f"r-{i}", f"question {i}") for i in range(3)]
+        done = await bf.run_batch(rows)
+        assert done["status"] == "completed"
+        again_empty = await bf.client.post(f"/v1/batches/{done['id']}/cancel", json={})
+        again_bare = await bf.client.post(f"/v1/batches/{done['id']}/cancel")
+        after = await get_batch(bf, done["id"])
+        missing = await bf.client.post("/v1/batches/batch_doesnotexist/cancel", json={})
+
+    assert again_empty.status_code == 200, again_empty.text
+    assert again_bare.status_code == 200, again_bare.text
+    assert again_empty.json() == done
+    assert again_bare.json() == done
+    assert after == done
+    assert missing.status_code == 404
+
+
+async def test_cancel_twice_while_cancelling_is_idempotent(tmp_path: Path) -> None:
+    async with backfill_on(tmp_path, FAST, max_concurrency=1) as (bf, sim):
+        rows = [chat_line(f"s-{i}", f"[[sim:delay_ms=1500]] slow {i}") for i in range(4)]
+        batch_id = (await submit(bf, rows))["id"]
+        await until("a running request", lambda: sim.stats.in_flight == 1)
+        first = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
+        second = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
+        assert first.status_code == second.status_code == 200
+        assert first.json()["status"] == "cancelling"
+        assert second.json()["status"] in ("cancelling", "cancelled")
+        assert second.json()["cancelling_at"] == first.json()["cancelling_at"]
+        final = await bf.wait(batch_id, timeout_s=30)
+        out = await bf.rows(final["output_file_id"])
+        err = await bf.rows(final["error_file_id"])
+
+    assert final["status"] == "cancelled"
+    assert_exactly_once(rows, out, err)
+    assert len(out) >= 1
+    assert {r["error"]["code"] for r in err} == {"batch_cancelled"}
+
+
+# ---- expiry -------------------------------------------------------------------------------
+
+
+async def test_expiry_publishes_finished_and_closes_the_rest(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with backfill_on(
+        tmp_path, FAST, max_concurrency=4, clock=clock, min_completion_window_s=60
+    ) as (bf, sim):
+        rows = [chat_line(f"fast-{i}", f"quick question {i}") for i in range(5)]
+        rows += [
+            chat_line(f"slow-{i:02d}", f"[[sim:delay_ms=60000]] very slow question {i}")
+            for i in range(15)
+        ]
+        created = await submit(bf, rows, completion_window="1m")
+        batch_id = created["id"]
+        assert created["completion_window"] == "1m"
+        assert created["expires_at"] == created["created_at"] + 60
+
+        async def stuck() -> bool:
+            batch = await get_batch(bf, batch_id)
+            return bool(batch["request_counts"]["completed"] == 5 and sim.stats.in_flight == 4)
+
+        await until("five finished and four running requests", stuck)
+        started_before = sim.stats.requests
+        clock.advance(61)
+
+        async def terminal() -> bool:
+            return (await get_batch(bf, batch_id))["status"] in TERMINAL
+
+        # The four running answers take 60 s: expiring within the wait below proves that
+        # in-flight requests are abandoned, not awaited.
+        await until("the batch to expire", terminal, timeout_s=30)
+        batch = await get_batch(bf, batch_id)
+        out = await bf.rows(batch["output_file_id"])
+        err = await bf.rows(batch["error_file_id"])
+        await asyncio.sleep(0.3)
+        started_after = sim.stats.requests
+
+    assert batch["status"] == "expired"
+    assert batch["expired_at"] is not None
+    assert batch["expired_at"] >= batch["expires_at"]
+    assert batch["completed_at"] is None
+    assert batch["cancelled_at"] is None
+    assert started_after == started_before, "a request started after the window ended"
+    assert_exactly_once(rows, out, err)
+    assert sorted(r["custom_id"] for r in out) == [f"fast-{i}" for i in range(5)]
+    assert all(r["response"]["status_code"] == 200 for r in out)
+    assert sorted(r["custom_id"] for r in err) == [f"slow-{i:02d}" for i in range(15)]
+    for row in err:
+        assert row["response"] is None
+        assert row["error"]["code"] == "batch_expired"
+        assert row["error"]["message"]
+    assert batch["request_counts"] == {"total": 20, "completed": 5, "failed": 15}
+
+
+async def test_expiry_before_anything_ran(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with backfill_on(
+        tmp_path, FAST, max_concurrency=1, clock=clock, min_completion_window_s=60
+    ) as (bf, sim):
+        rows = [chat_line(f"s-{i}", f"[[sim:delay_ms=60000]] slow {i}") for i in range(3)]
+        batch_id = (await submit(bf, rows, completion_window="60s"))["id"]
+        await until("a running request", lambda: sim.stats.in_flight == 1)
+        clock.advance(120)
+        batch = await bf.wait(batch_id, timeout_s=30)
+        out = await bf.rows(batch["output_file_id"])
+        err = await bf.rows(batch["error_file_id"])
+
+    assert batch["status"] == "expired"
+    assert out == []
+    assert_exactly_once(rows, out, err)
+    assert {r["error"]["code"] for r in err} == {"batch_expired"}
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+async def uploaded_file(bf: InProcess) -> str:
+    response = await bf.upload(jsonl([chat_line("only", "hello")]))
+    assert response.status_code == 200, response.text
+    file_id: str = response.json()["id"]
+    return file_id
+
+
+def assert_invalid(response: Any, param: str, code: str = "invalid_value") -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    assert error["param"] == param, error
+    assert param.split(".")[0] in error["message"], error
+    assert response.headers["x-should-retry"] == "false"
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        "1h",  # below the default minimum of 24h
+        "86399s",
+        "169h",  # above the default maximum of 168h
+        "1000h",
+        "tomorrow",
+        "24",
+        "",
+        "1.5h",
+        "-24h",
+        "24 hours",
+        86400,
+    ],
+)
+async def test_completion_window_out_of_range_or_garbage(backfill: InProcess, window: Any) -> None:
+    file_id = await uploaded_file(backfill)
+    response = await backfill.client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": window,
+        },
+    )
+    assert_invalid(response, "completion_window")
+    listed = (await backfill.client.get("/v1/batches")).json()
+    assert listed["data"] == [], "a rejected batch must not be created"
+
+
+@pytest.mark.parametrize("window", ["24h", "1440m", "168h"])
+async def test_completion_window_bounds_are_inclusive(backfill: InProcess, window: str) -> None:
+    file_id = await uploaded_file(backfill)
+    response = await backfill.create(file_id, completion_window=window)
+    assert response.status_code == 200, response.text
+    batch = response.json()
+    assert batch["completion_window"] == window
+    assert batch["expires_at"] > batch["created_at"]
+
+
+async def test_lowered_minimum_window_is_honoured(tmp_path: Path) -> None:
+    async with backfill_on(tmp_path, FAST, max_concurrency=4, min_completion_window_s=60) as (
+        bf,
+        _,
+    ):
+        file_id = await uploaded_file(bf)
+        below = await bf.create(file_id, completion_window="59s")
+        at_min = await bf.create(file_id, completion_window="60s")
+    assert_invalid(below, "completion_window")
+    assert at_min.status_code == 200, at_min.text
+    assert at_min.json()["expires_at"] == at_min.json()["created_at"] + 60
+
+
+async def test_unknown_field_in_create_is_rejected(backfill: InProcess) -> None:
+    file_id = await uploaded_file(backfill)
+    response = await backfill.create(file_id, priority="high")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "priority"
+    assert "priority" in error["message"]
+    assert response.headers["x-should-retry"] == "false"
+    assert (await backfill.client.get("/v1/batches")).json()["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("metadata", "param"),
+    [
+        ({f"k{i}": "v" for i in range(17)}, "metadata"),
+        ({"k" * 65: "v"}, "metadata"),
+        ({"key": "v" * 513}, "metadata"),
+        ({"key": 5}, "metadata"),
+        ({"key": None}, "metadata"),
+        (["not", "an", "object"], "metadata"),
+        ("text", "metadata"),
+    ],
+    ids=["17-pairs", "key-65", "value-513", "int-value", "null-value", "list", "string"],
+)
+async def test_metadata_limits(backfill: InProcess, metadata: Any, param: str) -> None:
+    file_id = await uploaded_file(backfill)
+    response = await backfill.create(file_id, metadata=metadata)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_value", error
+    assert str(error["param"]).startswith(param), error
+    assert "metadata" in error["message"]
+    assert (await backfill.client.get("/v1/batches")).json()["data"] == []
+
+
+async def test_metadata_at_the_limits_is_accepted(backfill: InProcess) -> None:
+    file_id = await uploaded_file(backfill)
+    metadata = {f"{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
+    full = await backfill.create(file_id, metadata=metadata)
+    null = await backfill.create(file_id, metadata=None)
+    assert full.status_code == 200, full.text
+    assert full.json()["metadata"] == metadata
+    assert null.status_code == 200, null.text
+    assert null.json()["metadata"] is None
