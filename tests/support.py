@@ -23,8 +23,8 @@ from backfill.adapters.clock import SystemClock
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import Backfill, build
-from backfill.ports import Clock, Engine
 from backfill.domain.money import usd_to_pico
+from backfill.ports import Clock, Engine
 from backfill.settings import EngineSettings, ModelSettings, PricingSettings, Settings
 
 SIM_MODEL = "sim-model"
@@ -102,7 +102,9 @@ async def running_simulator(
     config: SimulatorConfig | None = None,
 ) -> AsyncIterator[tuple[str, Simulator]]:
     simulator = Simulator(config or SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4))
-    runner = web.AppRunner(simulator.app(), access_log=None)
+    runner = web.AppRunner(
+        simulator.app(), access_log=None, shutdown_timeout=1.0, handler_cancellation=True
+    )
     await runner.setup()
     port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
@@ -189,9 +191,7 @@ async def in_process_backfill(
         ]
     app_backfill = build(settings, clock=clock, engines=engines)
     await app_backfill.start()
-    key = await app_backfill.services.tenants.bootstrap(
-        credit=usd_to_pico(STARTING_CREDIT_USD)
-    )
+    key = await app_backfill.services.tenants.bootstrap(credit=usd_to_pico(STARTING_CREDIT_USD))
     assert key is not None
     transport = httpx.ASGITransport(app=app_backfill.app())
     client = httpx.AsyncClient(

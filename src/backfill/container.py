@@ -10,7 +10,8 @@ from fastapi import FastAPI
 
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
-from backfill.adapters.blobs.raw import LocalRawStore
+from backfill.adapters.blobs.raw import LocalRawStore, RawStore
+from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
@@ -20,7 +21,7 @@ from backfill.adapters.http.deps import Services
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
-from backfill.ports import Clock, Engine
+from backfill.ports import BlobStore, Clock, Engine
 from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, OrgLimits
@@ -37,6 +38,7 @@ log = logging.getLogger("backfill")
 class Backfill:
     settings: Settings
     store: SqlStore
+    blobs: BlobStore
     services: Services
     worker: Worker | None
     processes: list[ManagedProcess] = field(default_factory=list)
@@ -53,6 +55,7 @@ class Backfill:
         if self.worker is not None:
             await self.worker.stop()
         await asyncio.gather(*(p.stop() for p in self.processes))
+        await self.blobs.close()
         await self.store.close()
 
     async def seed_catalog(self) -> None:
@@ -106,6 +109,18 @@ def _catalog_model(m: ModelSettings) -> CatalogModel:
     )
 
 
+def _raw_store(settings: Settings) -> RawStore:
+    if settings.storage_url.startswith("s3://"):
+        return S3RawStore(
+            settings.storage_url,
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            access_key_id=settings.s3_access_key_id,
+            secret_access_key=settings.s3_secret_access_key,
+        )
+    return LocalRawStore(settings.resolved_storage_path)
+
+
 def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess]]:
     engines: list[Engine] = []
     processes: list[ManagedProcess] = []
@@ -153,8 +168,13 @@ def build(
     clock = clock or SystemClock()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = SqlStore(settings.resolved_database_url)
+    if settings.storage_url.startswith("s3://") and not settings.master_key:
+        raise ValueError(
+            "With shared object storage every process needs the same master key: set "
+            "master_key (BACKFILL_MASTER_KEY) to base64 of 32 random bytes."
+        )
     keyring = Keyring.from_settings(settings.master_key, settings.data_dir / "master.key")
-    blobs = EncryptedBlobStore(LocalRawStore(settings.resolved_storage_path), keyring)
+    blobs = EncryptedBlobStore(_raw_store(settings), keyring)
     catalog = CatalogService(store, clock)
     limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
     files = FileService(store, blobs, catalog, clock, limits, settings.input_file_ttl_s)
@@ -194,8 +214,9 @@ def build(
                 result_flush_s=settings.result_flush_s,
                 sole_worker=role == "all" and store.is_sqlite,
                 gpu_time_flush_s=settings.gpu_time_flush_s,
+                janitor_interval_s=settings.janitor_interval_s,
             ),
             catalog,
         )
         worker.set_output_ttl(settings.output_file_ttl_s)
-    return Backfill(settings, store, services, worker, processes)
+    return Backfill(settings, store, blobs, services, worker, processes)

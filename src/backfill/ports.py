@@ -44,6 +44,8 @@ class BlobStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 class Sealer(Protocol):
     """Encrypts small records (per-request results) that are stored outside blobs."""
@@ -160,6 +162,7 @@ class BatchRecord:
     reserved: int = 0
     charged: int = 0
     output_token_bound: int = 0
+    output_expires_after_s: int | None = None
 
     @property
     def prices(self) -> Prices | None:
@@ -289,6 +292,16 @@ class Store(Protocol):
     ) -> Page: ...
 
     async def mark_file_deleted(self, file_id: str) -> None: ...
+
+    async def expired_files(self, now: int, limit: int) -> list[FileRecord]:
+        """Files past ``expires_at`` that no unfinished batch needs."""
+        ...
+
+    async def set_file_expiry(self, file_id: str, expires_at: int) -> None: ...
+
+    async def purge_results(self, batch_id: str) -> None:
+        """Forget the per-request results a batch's result files were built from."""
+        ...
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None: ...
 

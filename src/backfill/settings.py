@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     database_url: str = ""
     storage_url: str = ""
     master_key: str | None = None
+    # S3-compatible storage (storage_url = "s3://bucket/prefix"); credentials may also come
+    # from the usual AWS environment variables.
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     public_base_url: str | None = None
@@ -110,6 +116,7 @@ class Settings(BaseSettings):
     max_retained_input_bytes: int = 1024**3
     admin_token: str | None = None
     gpu_time_flush_s: float = 1.0
+    janitor_interval_s: float = 60.0
     log_level: str = "info"
 
     @classmethod

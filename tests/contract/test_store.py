@@ -18,6 +18,7 @@ from backfill.adapters.db.store import SqlStore
 from backfill.domain.lifecycle import BatchStatus
 from backfill.errors import Conflict
 from backfill.ports import (
+    Admission,
     ApiKey,
     BatchRecord,
     ClaimedItem,
@@ -96,9 +97,18 @@ async def make_batch(
         total=items,
         idempotency_key=idempotency_key,
     )
-    await store.create_batch(batch)
+    await store.create_batch(batch, ADMIT_ALL)
     await store.add_items(batch.id, [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)])
     return batch
+
+
+ADMIT_ALL = Admission(
+    reserve=0,
+    require_positive_balance=False,
+    max_unfinished=1000,
+    max_retained_input_bytes=1 << 40,
+    throughput_tokens_per_s=None,
+)
 
 
 def ok(

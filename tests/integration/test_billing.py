@@ -46,9 +46,7 @@ async def test_worked_example_of_docs_billing(tmp_path: Path) -> None:
         rows = {r["custom_id"]: r for r in await bf.rows(batch["output_file_id"])}
         amounts = {}
         for custom_id, row in rows.items():
-            receipt = (
-                await bf.client.get(f"/v1/receipts/{row['response']['request_id']}")
-            ).json()
+            receipt = (await bf.client.get(f"/v1/receipts/{row['response']['request_id']}")).json()
             assert receipt["custom_id"] == custom_id
             assert receipt["batch_id"] == batch["id"]
             amounts[custom_id] = int(receipt["amount"]["value"])
@@ -79,7 +77,9 @@ async def test_usage_equals_the_sum_of_output_rows(backfill: InProcess) -> None:
     batch = await backfill.run_batch(rows)
     out = await backfill.rows(batch["output_file_id"])
     usage = batch["usage"]
-    assert usage["input_tokens"] == sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in out)
+    assert usage["input_tokens"] == sum(
+        r["response"]["body"]["usage"]["prompt_tokens"] for r in out
+    )
     assert usage["output_tokens"] == sum(
         r["response"]["body"]["usage"]["completion_tokens"] for r in out
     )
@@ -133,8 +133,12 @@ async def test_models_endpoint_shows_batch_entries(tmp_path: Path) -> None:
         in_process_backfill(tmp_path, url) as bf,
     ):
         await bf.backfill.services.catalog.put(
-            CatalogModel(id="chat-only", model_config_id="chat-only-1", context_length=1024,
-                         max_output_tokens=256)
+            CatalogModel(
+                id="chat-only",
+                model_config_id="chat-only-1",
+                context_length=1024,
+                max_output_tokens=256,
+            )
         )
         del ModelSettings
         models = {m["id"]: m for m in (await bf.client.get("/v1/models")).json()["data"]}

@@ -15,7 +15,7 @@ import pytest
 
 from backfill.adapters.engines.simulator import Simulator
 from backfill.settings import ModelSettings
-from tests.support import SIM_MODEL, InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import SIM_MODEL, SIM_PRICES, InProcess, chat_line, in_process_backfill, jsonl
 
 Sim = tuple[str, Simulator]
 FILE_FIELDS = {
@@ -31,10 +31,16 @@ FILE_FIELDS = {
 }
 MODELS = [
     ModelSettings(
-        id=SIM_MODEL, model_config_id="sim-model-v1", context_length=4096, max_output_tokens=1024
+        id=SIM_MODEL,
+        model_config_id="sim-model-v1",
+        context_length=4096,
+        max_output_tokens=1024,
+        batch=SIM_PRICES,
     ),
-    ModelSettings(id="other-model", model_config_id="other-v1", max_output_tokens=1024),
-    ModelSettings(id="no-batch-model", model_config_id="no-batch-v1", batch=False),
+    ModelSettings(
+        id="other-model", model_config_id="other-v1", max_output_tokens=1024, batch=SIM_PRICES
+    ),
+    ModelSettings(id="no-batch-model", model_config_id="no-batch-v1", batch=None),
 ]
 
 

@@ -17,14 +17,22 @@ from backfill.domain.input_format import (
     custom_id_of,
     request_body,
 )
+from backfill.domain.money import Prices
 
-TEXT = CatalogModel("text-model", "text-v1", context_length=4096, max_output_tokens=1024)
-OTHER = CatalogModel("other-model", "other-v1", context_length=4096, max_output_tokens=1024)
-VISION = CatalogModel(
-    "vision-model", "vision-v1", 4096, 512, modalities=frozenset({"text", "image"})
+PRICES = Prices(100, 50, 400)
+TEXT = CatalogModel(
+    "text-model", "text-v1", context_length=4096, max_output_tokens=1024, prices=PRICES
 )
-AUDIO = CatalogModel("audio-model", "audio-v1", 4096, 512, modalities=frozenset({"text", "audio"}))
-NO_BATCH = CatalogModel("no-batch-model", "no-batch-v1", 4096, 1024, batch=False)
+OTHER = CatalogModel(
+    "other-model", "other-v1", context_length=4096, max_output_tokens=1024, prices=PRICES
+)
+VISION = CatalogModel(
+    "vision-model", "vision-v1", 4096, 512, modalities=frozenset({"text", "image"}), prices=PRICES
+)
+AUDIO = CatalogModel(
+    "audio-model", "audio-v1", 4096, 512, modalities=frozenset({"text", "audio"}), prices=PRICES
+)
+NO_BATCH = CatalogModel("no-batch-model", "no-batch-v1", 4096, 1024)
 CATALOG = {m.id: m for m in (TEXT, OTHER, VISION, AUDIO, NO_BATCH)}
 LIMITS = Limits(max_file_bytes=1 << 30, max_lines=1000, max_line_bytes=1 << 20)
 

@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 app.add_typer(admin.app, name="admin")
 app.add_typer(batch.app, name="batch")
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 
 def _settings(config: Path | None, **overrides: object) -> Settings:
@@ -170,3 +172,23 @@ def simulate(
         host,
         port,
     )
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+) -> None:
+    """Apply every pending migration (also done at each start)."""
+    from backfill.adapters.db.store import SqlStore
+
+    settings = _settings(config)
+
+    async def upgrade() -> None:
+        store = SqlStore(settings.resolved_database_url)
+        try:
+            await store.init()
+        finally:
+            await store.close()
+
+    asyncio.run(upgrade())
+    typer.echo("The database schema is up to date.")

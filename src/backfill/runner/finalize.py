@@ -80,7 +80,7 @@ class Finalizer:
             filename=f"{batch.id}_{kind}.jsonl",
             bytes=size,
             created_at=now,
-            expires_at=now + self._output_ttl_s,
+            expires_at=now + (batch.output_expires_after_s or self._output_ttl_s),
             status="processed",
             batch_id=batch.id,
         )

@@ -34,6 +34,7 @@ from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
 from backfill.services.files import FileService, content_key
+from backfill.services.retention import Janitor
 
 log = logging.getLogger("backfill.runner")
 
@@ -48,6 +49,7 @@ class WorkerConfig:
     result_flush_s: float = 0.02
     lifecycle_interval_s: float = 0.2
     gpu_time_flush_s: float = 1.0
+    janitor_interval_s: float = 60.0
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
 
@@ -78,6 +80,7 @@ class Worker:
         self._store = store
         self._catalog = catalog
         self._meter = GpuMeter(clock)
+        self._janitor = Janitor(store, files, clock)
         self._blobs = blobs
         self._sealer = sealer
         self._files = files
@@ -349,12 +352,16 @@ class Worker:
     # ---- lifecycle ------------------------------------------------------------------
 
     async def _lifecycle_loop(self) -> None:
-        last_charge = self._clock.now()
+        last_charge = last_sweep = self._clock.now()
         while True:
             await self.lifecycle_once()
-            if self._clock.now() - last_charge >= self._config.gpu_time_flush_s:
-                last_charge = self._clock.now()
+            now = self._clock.now()
+            if now - last_charge >= self._config.gpu_time_flush_s:
+                last_charge = now
                 await self.charge_gpu_time()
+            if now - last_sweep >= self._config.janitor_interval_s:
+                last_sweep = now
+                await self._janitor.sweep()
             await asyncio.sleep(self._config.lifecycle_interval_s)
 
     async def lifecycle_once(self) -> None:

@@ -15,7 +15,7 @@ from backfill.domain.lifecycle import TERMINAL, BatchStatus
 from backfill.domain.money import worst_case
 from backfill.errors import Conflict, InvalidInput, NotFound
 from backfill.ports import Admission, BatchRecord, Catalog, Clock, Page, Store
-from backfill.services.files import INPUT_PURPOSE, FileService
+from backfill.services.files import INPUT_PURPOSE, MAX_EXPIRY_S, MIN_EXPIRY_S, FileService
 
 CREATE_FIELDS = frozenset(
     {
@@ -31,6 +31,7 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
+ACCEPTED_INPUT_GRACE_S = 24 * 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,25 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
                 f"metadata.{key}",
             )
     return dict(metadata)
+
+
+def _output_expiry(value: Any) -> int | None:
+    """``output_expires_after: {anchor: "created_at", seconds: N}`` → N (SPEC §4.1)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("anchor") != "created_at":
+        raise _bad(
+            '\'output_expires_after\' must be {"anchor": "created_at", "seconds": N}.',
+            "output_expires_after",
+        )
+    seconds = value.get("seconds")
+    if not isinstance(seconds, int) or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
+        raise _bad(
+            f"'output_expires_after.seconds' must be a whole number from {MIN_EXPIRY_S} to "
+            f"{MAX_EXPIRY_S}.",
+            "output_expires_after.seconds",
+        )
+    return seconds
 
 
 class BatchService:
@@ -132,6 +152,10 @@ class BatchService:
             if existing is None:
                 raise
             return self._replay(existing, request_hash), False
+        # Accepted input lives until its batch ends, and at most a day past the window.
+        await self._store.set_file_expiry(
+            batch.input_file_id, batch.expires_at + ACCEPTED_INPUT_GRACE_S
+        )
         lines = await self._files.lines(batch.input_file_id)
         await self._store.add_items(batch.id, lines)
         now = int(self._clock.now())
@@ -233,6 +257,7 @@ class BatchService:
             price_cached_input=prices.cached_input if prices else None,
             price_output=prices.output if prices else None,
             output_token_bound=file.max_output_tokens,
+            output_expires_after_s=_output_expiry(request.get("output_expires_after")),
         ), admission
 
     async def get(self, org_id: str, batch_id: str) -> BatchRecord:

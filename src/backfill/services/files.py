@@ -199,10 +199,16 @@ class FileService:
                     "cancel the batch or wait for it to end.",
                     code="file_in_use",
                 )
-        await self.store.mark_file_deleted(file_id)
-        await self.blobs.delete(content_key(file_id))
-        await self.blobs.delete(index_key(file_id))
+        await self.remove(record)
         return record
+
+    async def remove(self, record: FileRecord) -> None:
+        """Delete a file's bytes (and a result file's per-request results), then mark it."""
+        await self.blobs.delete(content_key(record.id))
+        await self.blobs.delete(index_key(record.id))
+        if record.purpose == OUTPUT_PURPOSE and record.batch_id:
+            await self.store.purge_results(record.batch_id)
+        await self.store.mark_file_deleted(record.id)
 
     def content(
         self, record: FileRecord, start: int = 0, end: int | None = None

@@ -92,7 +92,16 @@ def segment_nonce(key: BlobKey, index: int, last: bool) -> bytes:
 
 
 def plaintext_size(raw_size: int, segment: int) -> tuple[int, int]:
-    """(plaintext bytes, segment count) of an encrypted blob of ``raw_size`` bytes."""
+    """(plaintext bytes, segment count) of an encrypted blob of ``raw_size`` bytes.
+
+    Raises ValueError for a size no complete blob can have (it was truncated).
+    """
     body = raw_size - HEADER
-    count = max(1, -(-body // (segment + TAG)))
+    full, rest = divmod(body, segment + TAG)
+    if rest == 0 and full > 0:
+        count = full
+    elif rest >= TAG:
+        count = full + 1
+    else:
+        raise ValueError("truncated encrypted blob")
     return body - count * TAG, count

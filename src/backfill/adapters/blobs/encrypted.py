@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
+from cryptography.exceptions import InvalidTag
+
 from backfill.adapters.blobs.crypto import (
     HEADER,
     TAG,
@@ -14,6 +16,7 @@ from backfill.adapters.blobs.crypto import (
     segment_nonce,
 )
 from backfill.adapters.blobs.raw import RawStore, RawWriter
+from backfill.errors import StorageError
 from backfill.ports import BlobWriter
 
 _CACHE_SEGMENTS = 16
@@ -77,8 +80,13 @@ class EncryptedBlobStore:
             self._keys.move_to_end(key)
             return cached
         raw_size = await self._raw.size(key)
-        blob_key = self._keyring.parse_header(await self._raw.read(key, 0, HEADER))
-        size, count = plaintext_size(raw_size, blob_key.segment)
+        try:
+            blob_key = self._keyring.parse_header(await self._raw.read(key, 0, HEADER))
+            size, count = plaintext_size(raw_size, blob_key.segment)
+        except (ValueError, InvalidTag):
+            raise StorageError(
+                f"Stored content {key!r} is damaged or was written with another master key."
+            ) from None
         entry = (blob_key, size, count)
         self._keys[key] = entry
         if len(self._keys) > 256:
@@ -93,7 +101,10 @@ class EncryptedBlobStore:
         span = blob_key.segment + TAG
         data = await self._raw.read(key, HEADER + index * span, span)
         nonce = segment_nonce(blob_key, index, last=index == count - 1)
-        plain = blob_key.cipher.decrypt(nonce, data, None)
+        try:
+            plain = blob_key.cipher.decrypt(nonce, data, None)
+        except InvalidTag:
+            raise StorageError(f"Stored content {key!r} is damaged (segment {index}).") from None
         self._segments[(key, index)] = plain
         if len(self._segments) > _CACHE_SEGMENTS:
             self._segments.popitem(last=False)
@@ -123,6 +134,9 @@ class EncryptedBlobStore:
     async def delete(self, key: str) -> None:
         self._forget(key)
         await self._raw.delete(key)
+
+    async def close(self) -> None:
+        await self._raw.close()
 
     def _forget(self, key: str) -> None:
         self._keys.pop(key, None)

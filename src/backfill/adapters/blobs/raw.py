@@ -28,6 +28,8 @@ class RawStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 class _LocalWriter:
     def __init__(self, tmp: Path, final: Path) -> None:
@@ -105,6 +107,9 @@ class LocalRawStore:
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    async def close(self) -> None:
+        return None
+
 
 class _MemoryWriter:
     def __init__(self, store: MemoryRawStore, key: str) -> None:
@@ -145,3 +150,6 @@ class MemoryRawStore:
 
     async def delete(self, key: str) -> None:
         self.blobs.pop(key, None)
+
+    async def close(self) -> None:
+        return None

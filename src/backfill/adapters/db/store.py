@@ -422,6 +422,36 @@ class SqlStore:
                 update(t.files).where(t.files.c.id == file_id).values(status="deleted")
             )
 
+    async def expired_files(self, now: int, limit: int) -> list[FileRecord]:
+        f, b = t.files, t.batches
+        busy = select(b.c.input_file_id).where(b.c.status.not_in(_TERMINAL))
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(f)
+                    .where(
+                        f.c.status != "deleted",
+                        f.c.expires_at <= now,
+                        f.c.id.not_in(busy),
+                    )
+                    .order_by(f.c.expires_at)
+                    .limit(limit)
+                )
+            ).all()
+        return [_file(r) for r in rows]
+
+    async def set_file_expiry(self, file_id: str, expires_at: int) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.files).where(t.files.c.id == file_id).values(expires_at=expires_at)
+            )
+
+    async def purge_results(self, batch_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.items).where(t.items.c.batch_id == batch_id).values(result=None)
+            )
+
     async def unfinished_batch_for_file(self, file_id: str) -> str | None:
         terminal = [
             s.value
@@ -833,6 +863,18 @@ class SqlStore:
             for record in (output, errors):
                 await conn.execute(insert(t.files).values(**_file_values(record)))
             await self._release_reservation(conn, batch_id)
+            # Accepted input is removed once its batch is over (SPEC §10.3): the janitor takes
+            # it unless another unfinished batch still reads it.
+            input_id = select(t.batches.c.input_file_id).where(t.batches.c.id == batch_id)
+            await conn.execute(
+                update(t.files)
+                .where(t.files.c.id == input_id.scalar_subquery())
+                .values(
+                    expires_at=func.min(t.files.c.expires_at, now)
+                    if self.is_sqlite
+                    else func.least(t.files.c.expires_at, now)
+                )
+            )
         return True
 
     async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:

@@ -163,6 +163,7 @@ batches = Table(
     Column("reserved", BigInteger, nullable=False, server_default="0"),
     Column("charged", BigInteger, nullable=False, server_default="0"),
     Column("output_token_bound", BigInteger, nullable=False, server_default="0"),
+    Column("output_expires_after_s", Integer),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
     Index("ix_batches_status", "status"),

@@ -121,11 +121,29 @@ class RequestIdMiddleware:
         if request_id is None:
             request_id = ("req_" + secrets.token_hex(12)).encode()
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", ()))
                 headers.append((b"x-request-id", request_id))
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # Starlette re-raises after its own 500 handler ran; answer only if it did not.
+            if started:
+                return
+            log.exception("unexpected error")
+            response = error_response(
+                500,
+                "The server hit an unexpected error; retry, and report it if it persists.",
+                type_="server_error",
+                code="server_error",
+                retryable=True,
+            )
+            await response(scope, receive, send_with_id)
