@@ -359,3 +359,71 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+# ---- PostgreSQL and S3 for the scale-out suites ---------------------------------------------
+
+PG_ADMIN_URL = os.environ.get("BACKFILL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+S3_CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
+
+
+async def create_pg_database() -> str:
+    """A fresh, empty PostgreSQL database; skips (or fails in CI) when there is no server."""
+    import asyncpg
+    import pytest
+
+    try:
+        conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"CI must provide PostgreSQL at {PG_ADMIN_URL}: {exc}") from exc
+        pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); CI provides it")
+    name = f"bf_test_{os.urandom(6).hex()}"
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+async def drop_pg_database(url: str) -> None:
+    import asyncpg
+
+    name = url.rsplit("/", 1)[1]
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+_MOTO: dict[str, Any] = {}
+
+
+def moto_endpoint() -> str:
+    """An S3 API (moto's server mode) over real HTTP on this machine, started once."""
+    if "url" not in _MOTO:
+        from moto.server import ThreadedMotoServer
+
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        _MOTO["server"] = server
+        _MOTO["url"] = f"http://127.0.0.1:{port}"
+    url: str = _MOTO["url"]
+    return url
+
+
+def new_bucket() -> str:
+    import boto3
+
+    name = f"bf-test-{os.urandom(6).hex()}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint(),
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket=name)
+    return name

@@ -15,8 +15,10 @@ from cryptography.exceptions import InvalidTag
 from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG, Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import LocalRawStore, MemoryRawStore
+from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.errors import BackfillError, NotFound
 from backfill.ports import BlobStore
+from tests.support import S3_CREDENTIALS, moto_endpoint, new_bucket
 
 KEY = "files/blob-under-test"
 SIZES = [0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 1, 3 * SEGMENT + 7]
@@ -47,7 +49,22 @@ def _local(tmp_path: Path, keyring: Keyring) -> Backend:
     )
 
 
-BACKENDS: dict[str, Callable[[Path, Keyring], Backend]] = {"memory": _memory, "local": _local}
+def _s3(_: Path, keyring: Keyring) -> Backend:
+    url = f"s3://{new_bucket()}/blobs"
+
+    def open_store() -> EncryptedBlobStore:
+        return EncryptedBlobStore(
+            S3RawStore(url, endpoint_url=moto_endpoint(), **S3_CREDENTIALS), keyring
+        )
+
+    return Backend(open_store(), open_store)
+
+
+BACKENDS: dict[str, Callable[[Path, Keyring], Backend]] = {
+    "memory": _memory,
+    "local": _local,
+    "s3": _s3,
+}
 
 
 @pytest.fixture

@@ -29,9 +29,11 @@ from backfill.ports import (
     StoredResult,
 )
 from backfill.services.tenants import hash_secret
+from tests.support import create_pg_database, drop_pg_database
 
 STORE_URLS: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite+aiosqlite:///{tmp / 'store.db'}",
+    "postgresql": lambda _: "",  # a fresh database per test, made by the fixture
 }
 
 NOW = 1_000_000.0
@@ -40,12 +42,15 @@ LEASE = 30.0
 
 @pytest.fixture(params=sorted(STORE_URLS))
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
-    made = SqlStore(STORE_URLS[request.param](tmp_path))
+    url = STORE_URLS[request.param](tmp_path) or await create_pg_database()
+    made = SqlStore(url)
     await made.init()
     try:
         yield made
     finally:
         await made.close()
+        if request.param == "postgresql":
+            await drop_pg_database(url)
 
 
 def _id(prefix: str) -> str:

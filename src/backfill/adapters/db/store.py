@@ -679,14 +679,24 @@ class SqlStore:
             ),
         )
         pick = select(i.c.idx).where(claimable).order_by(i.c.idx).limit(limit)
-        if not self.is_sqlite:
-            pick = pick.with_for_update(skip_locked=True)
-        stmt = (
-            update(i)
-            .where(i.c.batch_id == batch_id, i.c.idx.in_(pick.scalar_subquery()))
-            .values(state=ItemState.LEASED, lease_token=token, lease_until=lease_until)
-            .returning(i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
-        )
+        values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
+        returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
+        if self.is_sqlite:
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == batch_id, i.c.idx.in_(pick.scalar_subquery()))
+                .values(**values)
+                .returning(*returning)
+            )
+        else:
+            # A CTE runs once; an IN-subquery may be re-run per row and claim past the limit.
+            picked = pick.with_for_update(skip_locked=True).cte("picked")
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == batch_id, i.c.idx == picked.c.idx)
+                .values(**values)
+                .returning(*returning)
+            )
         async with self.engine.begin() as conn:
             rows = (await conn.execute(stmt)).all()
         return sorted(
