@@ -243,6 +243,7 @@ class Ledger:
     charges: int
     balance: int
     reserved: int
+    receipts: int = 0
 
     @property
     def available(self) -> int:

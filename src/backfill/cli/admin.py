@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -72,6 +73,29 @@ def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
     async def action(b: Backfill) -> str:
         org = await b.services.tenants.create_org(name)
         return f"Created organization {org.name} ({org.id})."
+
+    _run(_settings(config, data), action)
+
+
+@org_app.command("ledger")
+def org_ledger(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """Print an organization's ledger as JSON (amounts in picodollars and USD)."""
+
+    async def action(b: Backfill) -> str:
+        org = await b.services.tenants.org(name)
+        ledger = await b.services.billing.ledger(org.id)
+        return json.dumps(
+            {
+                "org": name,
+                "credits": ledger.credits,
+                "charges": ledger.charges,
+                "balance": ledger.balance,
+                "reserved": ledger.reserved,
+                "available": ledger.available,
+                "receipts": ledger.receipts,
+                "balance_usd": pico_to_usd(ledger.balance),
+            }
+        )
 
     _run(_settings(config, data), action)
 

@@ -302,19 +302,21 @@ class SqlStore:
                     )
                 )
             ).scalar_one()
-            charges = (
+            charges, receipts = (
                 await conn.execute(
-                    select(func.coalesce(func.sum(t.receipts.c.amount), 0)).where(
+                    select(func.coalesce(func.sum(t.receipts.c.amount), 0), func.count()).where(
                         t.receipts.c.org_id == org_id
                     )
                 )
-            ).scalar_one()
+            ).one()
             org = (
                 await conn.execute(
                     select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
                 )
             ).one()
-        return Ledger(int(credits), int(charges), int(org.balance), int(org.reserved))
+        return Ledger(
+            int(credits), int(charges), int(org.balance), int(org.reserved), int(receipts)
+        )
 
     async def balances(self, org_ids: Sequence[str]) -> dict[str, int]:
         if not org_ids:

@@ -1,0 +1,185 @@
+"""Scale-out: 2 API and 3 worker processes on PostgreSQL + S3 drain one batch; a worker is
+SIGKILLed mid-run and the batch still completes with every custom_id exactly once."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import (
+    SIM_MODEL,
+    SimulatorProcess,
+    chat_line,
+    create_pg_database,
+    drop_pg_database,
+    free_port,
+    jsonl,
+    moto_endpoint,
+    new_bucket,
+    start_simulator_process,
+    wait_http,
+)
+
+REQUESTS = 5000
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    url = await create_pg_database()
+    try:
+        yield url
+    finally:
+        await drop_pg_database(url)
+
+
+@pytest.fixture
+def fast_sim() -> Iterator[SimulatorProcess]:
+    process = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _config(tmp_path: Path, pg_url: str, sim_url: str) -> Path:
+    config = tmp_path / "scale-out.toml"
+    key = base64.b64encode(os.urandom(32)).decode()
+    config.write_text(
+        f"""
+database_url = "{pg_url}"
+storage_url = "s3://{new_bucket()}/backfill"
+s3_endpoint_url = "{moto_endpoint()}"
+s3_access_key_id = "testing"
+s3_secret_access_key = "testing"
+master_key = "{key}"
+local_engine = false
+lease_s = 3.0
+retry_base_s = 0.01
+retry_max_s = 0.2
+
+[[models]]
+id = "{SIM_MODEL}"
+model_config_id = "sim-model-v1"
+context_length = 4096
+max_output_tokens = 1024
+batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
+
+[[engines]]
+name = "sim"
+base_url = "{sim_url}"
+models = ["{SIM_MODEL}"]
+max_concurrency = 24
+request_timeout_s = 5.0
+"""
+    )
+    return config
+
+
+def _cli(config: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "backfill.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def _serve(config: Path, role: str, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "backfill.cli", "serve", "--role", role, "--config", str(config)]
+    if port is not None:
+        args += ["--port", str(port)]
+    with log.open("ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+
+def test_two_apis_three_workers_survive_a_worker_kill(
+    tmp_path: Path, pg_url: str, fast_sim: SimulatorProcess
+) -> None:
+    config = _config(tmp_path, pg_url, fast_sim.base_url)
+    _cli(config, "db", "upgrade")
+    _cli(config, "admin", "org", "create", "acme")
+    key = _cli(config, "admin", "key", "create", "--org", "acme").splitlines()[-1]
+    _cli(config, "admin", "credit", "add", "--org", "acme", "--usd", "100")
+
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = [free_port(), free_port()]
+        for i, port in enumerate(ports):
+            processes.append(_serve(config, "api", tmp_path / f"api{i}.log", port))
+        workers = [_serve(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
+        processes += workers
+        for port, process in zip(ports, processes, strict=False):
+            wait_http(f"http://127.0.0.1:{port}/healthz", process)
+        clients = [
+            httpx.Client(
+                base_url=f"http://127.0.0.1:{p}",
+                timeout=60,
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            for p in ports
+        ]
+        rows = [chat_line(f"r-{i}", f"question {i}") for i in range(REQUESTS)]
+        uploaded = clients[0].post(
+            "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", jsonl(rows), "application/jsonl")},
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        created = clients[1].post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+
+        killed = False
+        deadline = time.monotonic() + 240
+        batch = created.json()
+        while time.monotonic() < deadline:
+            batch = clients[len(processes) % 2].get(f"/v1/batches/{batch_id}").json()
+            done = batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
+            if not killed and done >= REQUESTS // 5:
+                workers[0].kill()
+                workers[0].wait()
+                killed = True
+            if batch["status"] in ("completed", "failed", "cancelled", "expired"):
+                break
+            time.sleep(0.2)
+        assert killed, "the batch finished before a worker could be killed; make it bigger"
+        assert batch["status"] == "completed", batch
+        assert batch["request_counts"] == {"total": REQUESTS, "completed": REQUESTS, "failed": 0}
+
+        content = clients[0].get(f"/v1/files/{batch['output_file_id']}/content")
+        ids = [json.loads(line)["custom_id"] for line in content.text.splitlines()]
+        assert len(ids) == REQUESTS
+        assert set(ids) == {f"r-{i}" for i in range(REQUESTS)}
+        assert clients[1].get(f"/v1/files/{batch['error_file_id']}/content").text == ""
+
+        ledger = json.loads(_cli(config, "admin", "org", "ledger", "acme"))
+        assert ledger["receipts"] == REQUESTS, "every request charged exactly once"
+        assert ledger["balance"] == ledger["credits"] - ledger["charges"]
+        assert ledger["reserved"] == 0
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
