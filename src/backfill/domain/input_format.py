@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.money import prompt_token_bound
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -130,42 +129,103 @@ class LineValidator:
         self._model: CatalogModel | None = None
         self._model_name: str | None = None
         self._endpoint: str | None = None
+        self._chat = False
         self.lines = 0
         self._prompt_bound = 0
         self._max_output = 0
 
     def check(self, raw: bytes, line_no: int) -> str:
         """Validate one line (without its newline) and return its ``custom_id``."""
-        if line_no > self._limits.max_lines:
+        return self.check_lines([raw], line_no)[0]
+
+    def check_lines(self, lines: list[bytes], first_line_no: int) -> list[str]:
+        """Validate consecutive lines; returns their ``custom_id``s.
+
+        The common case (a valid line like the ones before it) takes one decode and a few
+        comparisons inside this one loop; anything unusual goes through the detailed checks,
+        which name the rule that was broken.
+        """
+        last = first_line_no + len(lines) - 1
+        if last > self._limits.max_lines:
+            line_no = self._limits.max_lines + 1
             raise LineError(
                 "too_many_requests_in_file",
                 f"Line {line_no}: a file holds at most {self._limits.max_lines} requests; "
                 "split it into several batches.",
                 line=line_no,
             )
+        decode = _DECODER.decode
+        seen = self._seen
+        add = seen.add
+        roles = ROLES
+        ids: list[str] = []
+        append = ids.append
+        prompt_bound = 0
+        max_output = 0
+        line_no = first_line_no - 1
+        for raw in lines:
+            line_no += 1
+            try:
+                req = decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise self._undecodable(raw, line_no, exc) from None
+            body = req.body
+            cid = req.custom_id
+            before = len(seen)
+            add(cid)
+            messages = body.messages
+            limit = body.max_completion_tokens
+            if limit is None:
+                limit = body.max_tokens
+            model = self._model
+            if (
+                model is None
+                or len(seen) == before
+                or not cid
+                or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
+                or req.method != "POST"
+                or req.url != self._endpoint
+                or body.model != self._model_name
+                or body.stream
+                or limit is None
+                or not 0 < limit <= model.max_output_tokens
+                or (messages is None if self._chat else body.prompt is None)
+            ):
+                if len(seen) != before:
+                    seen.discard(cid)
+                model = self._check_request(req, line_no)
+            elif messages:
+                for message in messages:
+                    if message.role not in roles or message.content.__class__ is list:
+                        self._check_messages(messages, model, line_no)
+                        break
+            elif self._chat:
+                self._check_messages(messages, model, line_no)
+            bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
+            context = model.context_length
+            prompt_bound += bound if bound < context else context
+            max_output += limit or 0
+            append(cid)
+        self.lines = last
+        self._prompt_bound += prompt_bound
+        self._max_output += max_output
+        return ids
+
+    @staticmethod
+    def _undecodable(raw: bytes, line_no: int, exc: Exception) -> LineError:
         if not raw.strip():
-            raise LineError(
+            return LineError(
                 "invalid_json_line",
                 f"Line {line_no} is empty; remove blank lines (only a final newline is allowed).",
                 line=line_no,
             )
-        try:
-            req = _DECODER.decode(raw)
-        except msgspec.ValidationError as exc:
-            raise _decode_error(line_no, exc) from None
-        except msgspec.DecodeError as exc:
-            raise LineError(
-                "invalid_json_line",
-                f"Line {line_no} is not a valid JSON object ({exc}).",
-                line=line_no,
-            ) from None
-        model = self._check_request(req, line_no)
-        self.lines = line_no
-        body = req.body
-        messages = len(body.messages) if body.messages else 1
-        self._prompt_bound += min(prompt_token_bound(len(raw), messages), model.context_length)
-        self._max_output += body.max_completion_tokens or body.max_tokens or 0
-        return req.custom_id
+        if isinstance(exc, msgspec.ValidationError):
+            return _decode_error(line_no, exc)
+        return LineError(
+            "invalid_json_line",
+            f"Line {line_no} is not a valid JSON object ({exc}).",
+            line=line_no,
+        )
 
     def _check_request(self, req: RequestLine, line_no: int) -> CatalogModel:
         cid = req.custom_id
@@ -203,6 +263,7 @@ class LineValidator:
             )
         if self._endpoint is None:
             self._endpoint = req.url
+            self._chat = req.url == CHAT_URL
         elif req.url != self._endpoint:
             raise LineError(
                 "invalid_url",

@@ -48,22 +48,34 @@ class Upload:
         self._splitter = LineSplitter(limits)
         self._validator = LineValidator(limits, models.get)
         self._finished = False
+        self._offset = 0
 
     async def feed(self, chunk: bytes) -> None:
         try:
-            entries = [
-                self._entry(line_no, offset, raw)
-                for line_no, offset, raw in self._splitter.feed(chunk)
-            ]
+            entries = self._entries(self._splitter.feed_lines(chunk))
+            self._splitter.raise_pending()
         except LineError as exc:
             raise _invalid(exc) from None
         await self._content.write(chunk)
         if entries:
-            await self._index.write(b"".join(entries))
+            await self._index.write(entries)
 
-    def _entry(self, line_no: int, offset: int, raw: bytes) -> bytes:
-        custom_id = self._validator.check(raw, line_no).encode()
-        return _INDEX_ENTRY.pack(offset, len(raw), len(custom_id)) + custom_id
+    def _entries(self, lines: list[bytes]) -> bytes:
+        """Validate ``lines`` and return their index entries: offset, length, custom_id."""
+        if not lines:
+            return b""
+        first = self._splitter.line_no - len(lines) + 1
+        ids = self._validator.check_lines(lines, first)
+        pack = _INDEX_ENTRY.pack
+        parts: list[bytes] = []
+        offset = self._offset
+        for raw, custom_id in zip(lines, ids, strict=True):
+            cid = custom_id.encode()
+            parts.append(pack(offset, len(raw), len(cid)))
+            parts.append(cid)
+            offset += len(raw) + 1
+        self._offset = offset
+        return b"".join(parts)
 
     async def finish(self, purpose: str | None, expires_after_s: int | None) -> FileRecord:
         if purpose != INPUT_PURPOSE:
@@ -74,7 +86,7 @@ class Upload:
                 param="purpose",
             )
         try:
-            tail = [self._entry(n, o, raw) for n, o, raw in self._splitter.finish()]
+            tail = self._entries(self._splitter.finish_lines())
         except LineError as exc:
             raise _invalid(exc) from None
         summary = self._validator.summary()
@@ -86,7 +98,7 @@ class Upload:
                 line=1,
             )
         if tail:
-            await self._index.write(b"".join(tail))
+            await self._index.write(tail)
         size = await self._content.commit()
         await self._index.commit()
         self._finished = True

@@ -1,0 +1,152 @@
+"""Helpers the benchmarks share: input files, processes, timing."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+
+MODEL = "sim-model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def request_line(i: int, max_tokens: int = 64) -> bytes:
+    return orjson.dumps(
+        {
+            "custom_id": f"request-{i:08d}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": "You are a careful assistant."},
+                    {"role": "user", "content": f"Summarize ticket {i}: the customer cannot "
+                     "sign in after resetting the password twice."},
+                ],
+                "max_tokens": max_tokens,
+                "temperature": 0.2,
+            },
+        }
+    ) + b"\n"
+
+
+def write_input(path: Path, lines: int, max_tokens: int = 64) -> int:
+    with path.open("wb") as out:
+        for i in range(lines):
+            out.write(request_line(i, max_tokens))
+    return path.stat().st_size
+
+
+def sim_config(path: Path, sim_url: str, concurrency: int, extra: str = "") -> Path:
+    path.write_text(
+        f"""
+local_engine = false
+max_unfinished_batches = 1000
+{extra}
+
+[[models]]
+id = "{MODEL}"
+model_config_id = "sim-model-v1"
+context_length = 8192
+max_output_tokens = 4096
+batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
+
+[[engines]]
+name = "sim"
+base_url = "{sim_url}"
+models = ["{MODEL}"]
+max_concurrency = {concurrency}
+request_timeout_s = 60
+"""
+    )
+    return path
+
+
+def wait_http(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def start_simulator(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "backfill.cli", "up", "--port", str(port), "--data", str(data),
+             "--no-local-engine", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
+        )
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/healthz")
+    match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
+    if match is None:
+        raise RuntimeError(log.read_text())
+    return process, base, match.group(0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def multipart(path: Path, boundary: str = "backfillbench") -> tuple[Iterator[bytes], str]:
+    head = (
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+
+    def body() -> Iterator[bytes]:
+        yield head
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                yield chunk
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    return body(), f"multipart/form-data; boundary={boundary}"
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
