@@ -1,0 +1,153 @@
+"""End-to-end drain throughput vs a bare asyncio client against the same engine (SPEC §12).
+
+    python bench/drain.py                       # simulator: 20,000 requests, concurrency 128
+    python bench/drain.py --engine llama --requests 64 --concurrency 2 --max-tokens 32
+
+The baseline sends every request straight to the engine with an aiohttp client holding
+``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
+the same ``max_concurrency``; its time runs from batch creation (file already uploaded) to
+``completed``. CPU seconds of the Backfill process are read from /proc over the same span.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+import orjson
+
+from bench.common import (
+    MODEL,
+    cpu_seconds,
+    free_port,
+    multipart,
+    request_line,
+    sim_config,
+    start_backfill,
+    start_simulator,
+    stop,
+    wait_http,
+)
+
+LLAMA_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+async def baseline(url: str, lines: list[bytes], concurrency: int) -> float:
+    bodies = [orjson.dumps(orjson.loads(line)["body"]) for line in lines]
+    slots = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(body: bytes) -> None:
+            async with slots:
+                async with session.post(
+                    url + "/chat/completions", data=body,
+                    headers={"Content-Type": "application/json"},
+                ) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"engine answered {response.status}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return time.perf_counter() - start
+
+
+def run_backfill(
+    config: Path, data: Path, log: Path, source: Path, total: int
+) -> tuple[float, float]:
+    process, base, key = start_backfill(config, data, log)
+    try:
+        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"},
+                              timeout=600)
+        body, content_type = multipart(source)
+        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
+        uploaded.raise_for_status()
+        cpu_before = cpu_seconds(process.pid)
+        start = time.perf_counter()
+        created = client.post(
+            "/v1/batches",
+            json={"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions",
+                  "completion_window": "24h"},
+        )
+        created.raise_for_status()
+        batch = created.json()
+        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(0.05)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        elapsed = time.perf_counter() - start
+        cpu = cpu_seconds(process.pid) - cpu_before
+        counts = batch["request_counts"]
+        if batch["status"] != "completed" or counts["completed"] != total:
+            raise RuntimeError(f"batch ended {batch['status']} with {counts}")
+        return elapsed, cpu
+    finally:
+        stop(process)
+
+
+def start_llama() -> tuple[subprocess.Popen[bytes], str]:
+    from backfill.adapters.engines.managed import smollm2_gguf
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf()),
+         "--model_alias", LLAMA_MODEL, "--host", "127.0.0.1", "--port", str(port),
+         "--n_ctx", "2048", "--n_threads", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=120)
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", choices=["sim", "llama"], default="sim")
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.engine == "sim":
+        engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
+        model = MODEL
+    else:
+        engine, url = start_llama()
+        model = LLAMA_MODEL
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            lines = [request_line(i, args.max_tokens) for i in range(args.requests)]
+            if model != MODEL:
+                lines = [line.replace(MODEL.encode(), model.encode()) for line in lines]
+            source = work / "input.jsonl"
+            source.write_bytes(b"".join(lines))
+            base_s = asyncio.run(baseline(url, lines, args.concurrency))
+            extra = "" if model == MODEL else f'[[models]]\nid = "{model}"\nmodel_config_id = "x"\n'
+            config = sim_config(work / "bench.toml", url, args.concurrency)
+            if model != MODEL:
+                text = config.read_text().replace(f'"{MODEL}"', f'"{model}"')
+                config.write_text(text)
+            del extra
+            backfill_s, cpu = run_backfill(
+                config, work / "data", work / "server.log", source, args.requests
+            )
+    finally:
+        stop(engine)
+    n = args.requests
+    print(f"engine: {args.engine}, {n} requests, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}")
+    print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
+    print(f"backfill up         : {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
+          f"{base_s / backfill_s:.2f}x")
+    print(f"backfill CPU        : {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
+
+
+if __name__ == "__main__":
+    main()
