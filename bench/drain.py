@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from bench.common import (
 LLAMA_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-async def baseline(url: str, lines: list[bytes], concurrency: int) -> float:
+async def baseline(url: str, lines: list[bytes], concurrency: int) -> tuple[float, float]:
     bodies = [orjson.dumps(orjson.loads(line)["body"]) for line in lines]
     slots = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0)
@@ -56,9 +57,15 @@ async def baseline(url: str, lines: list[bytes], concurrency: int) -> float:
                     if response.status != 200:
                         raise RuntimeError(f"engine answered {response.status}")
 
+        cpu_before = _own_cpu()
         start = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
-        return time.perf_counter() - start
+        return time.perf_counter() - start, _own_cpu() - cpu_before
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_backfill(
@@ -128,7 +135,7 @@ def main() -> None:
                 lines = [line.replace(MODEL.encode(), model.encode()) for line in lines]
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
-            base_s = asyncio.run(baseline(url, lines, args.concurrency))
+            base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
             extra = "" if model == MODEL else f'[[models]]\nid = "{model}"\nmodel_config_id = "x"\n'
             config = sim_config(work / "bench.toml", url, args.concurrency)
             if model != MODEL:
@@ -146,6 +153,7 @@ def main() -> None:
     print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
     print(f"backfill up         : {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
           f"{base_s / backfill_s:.2f}x")
+    print(f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests")
     print(f"backfill CPU        : {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
 
 

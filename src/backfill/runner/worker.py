@@ -50,6 +50,8 @@ class WorkerConfig:
     lifecycle_interval_s: float = 0.2
     gpu_time_flush_s: float = 1.0
     janitor_interval_s: float = 60.0
+    dispatch_gather_s: float = 0.005
+    batch_refresh_s: float = 0.25
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
 
@@ -94,6 +96,8 @@ class Worker:
         self._tasks: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
+        self._batches: list[BatchRecord] = []
+        self._batches_read_at = float("-inf")
         self._org_turn = 0
 
     def set_output_ttl(self, seconds: int) -> None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import and_, event, func, insert, or_, select, text, true, update
+from sqlalchemy import and_, bindparam, event, func, insert, or_, select, text, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -673,12 +673,18 @@ class SqlStore:
         self, batch_id: str, limit: int, token: str, lease_until: float, now: float
     ) -> list[ClaimedItem]:
         i = t.items
+        running = (
+            select(t.batches.c.id)
+            .where(t.batches.c.id == batch_id, t.batches.c.status == BatchStatus.IN_PROGRESS)
+            .exists()
+        )
         claimable = and_(
             i.c.batch_id == batch_id,
             or_(
                 i.c.state == ItemState.QUEUED,
                 and_(i.c.state == ItemState.LEASED, i.c.lease_until < now),
             ),
+            running,
         )
         pick = select(i.c.idx).where(claimable).order_by(i.c.idx).limit(limit)
         values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
@@ -725,7 +731,6 @@ class SqlStore:
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
         b = t.batches
-        flags: list[bool] = []
         now = time.time()
         async with self.engine.begin() as conn:
             batch_ids = sorted({r.batch_id for r in results})
@@ -742,35 +747,69 @@ class SqlStore:
             if not self.is_sqlite:
                 query = query.with_for_update()
             batches = {row.id: _Settling(row) for row in (await conn.execute(query)).all()}
+            held = await self._held_leases(conn, results)
+            flags = []
             for r in results:
-                res = await conn.execute(
+                key = (r.batch_id, r.idx, r.lease_token)
+                flags.append(key in held)
+                held.discard(key)  # a second result for the same item in one write loses
+            accepted = [r for r, ok in zip(results, flags, strict=True) if ok]
+            if accepted:
+                # The leases were just checked (and locked on PostgreSQL) in this transaction,
+                # so one executemany stores them all.
+                await conn.execute(
                     update(i)
-                    .where(
-                        i.c.batch_id == r.batch_id,
-                        i.c.idx == r.idx,
-                        i.c.state == ItemState.LEASED,
-                        i.c.lease_token == r.lease_token,
-                    )
+                    .where(i.c.batch_id == bindparam("b_batch"), i.c.idx == bindparam("b_idx"))
                     .values(
                         state=ItemState.DONE,
-                        outcome=Outcome.OK if r.ok else Outcome.ERROR,
-                        result=r.payload,
-                        input_tokens=r.input_tokens,
-                        output_tokens=r.output_tokens,
+                        outcome=bindparam("b_outcome"),
+                        result=bindparam("b_result"),
+                        input_tokens=bindparam("b_in"),
+                        output_tokens=bindparam("b_out"),
                         lease_token=None,
                         lease_until=None,
-                    )
+                    ),
+                    [
+                        {
+                            "b_batch": r.batch_id,
+                            "b_idx": r.idx,
+                            "b_outcome": Outcome.OK if r.ok else Outcome.ERROR,
+                            "b_result": r.payload,
+                            "b_in": r.input_tokens,
+                            "b_out": r.output_tokens,
+                        }
+                        for r in accepted
+                    ],
                 )
-                accepted = bool(res.rowcount)
-                flags.append(accepted)
-                if accepted:
-                    settling = batches[r.batch_id]
-                    receipt = settling.add(r, now)
-                    if receipt is not None:
-                        await conn.execute(insert(t.receipts).values(**receipt))
+                receipts = [
+                    receipt
+                    for r in accepted
+                    if (receipt := batches[r.batch_id].add(r, now)) is not None
+                ]
+                if receipts:
+                    await conn.execute(insert(t.receipts), receipts)
             for settling in batches.values():
                 await settling.apply(conn)
         return flags
+
+    async def _held_leases(
+        self, conn: AsyncConnection, results: Sequence[ItemResult]
+    ) -> set[tuple[str, int, str]]:
+        """Which of these results' items are still leased with the token they carry."""
+        i = t.items
+        held: set[tuple[str, int, str]] = set()
+        by_batch: dict[str, list[int]] = {}
+        for r in results:
+            by_batch.setdefault(r.batch_id, []).append(r.idx)
+        for batch_id, idxs in by_batch.items():
+            query = select(i.c.idx, i.c.lease_token).where(
+                i.c.batch_id == batch_id, i.c.idx.in_(idxs), i.c.state == ItemState.LEASED
+            )
+            if not self.is_sqlite:
+                query = query.with_for_update()
+            for row in (await conn.execute(query)).all():
+                held.add((batch_id, row.idx, row.lease_token))
+        return held
 
     async def release(self, batch_id: str, idx: int, token: str) -> None:
         i = t.items
