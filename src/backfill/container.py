@@ -219,4 +219,6 @@ def build(
             catalog,
         )
         worker.set_output_ttl(settings.output_file_ttl_s)
+        batches.created_listeners.append(worker.note_created)
+        batches.cancel_listeners.append(worker.stop_starting)
     return Backfill(settings, store, blobs, services, worker, processes)

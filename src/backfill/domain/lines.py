@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from backfill.domain.input_format import LineError, Limits
+from backfill.domain.input_format import Limits, LineError
 
 
 class LineSplitter:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 
-from backfill.ports import Engine
+from backfill.ports import BatchRecord, ClaimedItem, Engine
 
 log = logging.getLogger("backfill.runner")
 
@@ -18,10 +19,22 @@ class EngineSlot:
         self.engine = engine
         self.in_flight = 0
         self.healthy = False
+        # Claimed items waiting for a free slot: a quarter of the slots' worth at most.
+        self.backlog: deque[tuple[BatchRecord, ClaimedItem]] = deque()
+        self.prefetch = max(1, engine.max_concurrency // 4)
 
     @property
     def free(self) -> int:
         return max(0, self.engine.max_concurrency - self.in_flight) if self.healthy else 0
+
+    @property
+    def wanted(self) -> int:
+        """How many more items to claim for this engine now."""
+        if not self.healthy:
+            return 0
+        return max(
+            0, self.engine.max_concurrency + self.prefetch - self.in_flight - len(self.backlog)
+        )
 
 
 class EnginePool:

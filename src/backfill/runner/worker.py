@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +100,7 @@ class Worker:
         self._rng = random.Random()
         self._batches: list[BatchRecord] = []
         self._batches_read_at = float("-inf")
+        self._background: set[asyncio.Task[None]] = set()
         self._org_turn = 0
 
     def set_output_ttl(self, seconds: int) -> None:
@@ -125,6 +128,9 @@ class Worker:
         for task in running:
             task.cancel()
         await asyncio.gather(*self._loops, *running, return_exceptions=True)
+        for slot in self._pool.slots:
+            self._drop_backlog(slot, lambda _: True)
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self._results.stop()
         await self.charge_gpu_time()
         await self._pool.stop()
@@ -168,22 +174,39 @@ class Worker:
     async def _dispatch_loop(self) -> None:
         while True:
             self._freed.clear()
-            claimed = await self.dispatch_once()
-            if not claimed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), self._config.poll_interval_s * 4)
-                if not self._freed.is_set():
-                    continue
-            await asyncio.sleep(0)
+            if await self.dispatch_once():
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), self._config.poll_interval_s * 4)
+            if self._freed.is_set():
+                # Let slots that free up together be refilled by one claim, not one each.
+                await asyncio.sleep(self._config.dispatch_gather_s)
+
+    async def _active_batches(self, now: float) -> list[BatchRecord]:
+        """In-progress batches, re-read at most every ``batch_refresh_s``; the claim itself
+        re-checks the status, so a cancelled batch is never claimed from."""
+        # Cadence by the machine's monotonic time: the Clock port may be a test's frozen clock.
+        if time.monotonic() - self._batches_read_at >= self._config.batch_refresh_s:
+            self._batches = await self._store.batches_in([BatchStatus.IN_PROGRESS])
+            self._batches_read_at = time.monotonic()
+            live = {b.id for b in self._batches}
+            for slot in self._pool.slots:
+                self._drop_backlog(slot, lambda batch_id: batch_id not in live)
+        return [b for b in self._batches if b.expires_at > now]
 
     async def dispatch_once(self) -> int:
-        slots = [s for s in self._pool.slots if s.free > 0]
+        slots = [s for s in self._pool.slots if s.wanted > 0]
         if not slots:
             return 0
         now = self._clock.now()
-        batches = [
-            b for b in await self._store.batches_in([BatchStatus.IN_PROGRESS]) if b.expires_at > now
-        ]
+        batches = await self._active_batches(now)
+        # GPU-time batches pause while their org has no credit left (SPEC §7.4).
+        metered = {b.org_id for b in batches if b.billing == "gpu_time"}
+        if metered:
+            balances = await self._store.balances(sorted(metered))
+            batches = [
+                b for b in batches if b.billing != "gpu_time" or balances.get(b.org_id, 0) > 0
+            ]
         claimed = 0
         for slot in slots:
             candidates = [b for b in batches if slot.engine.serves(b.model)]
@@ -192,7 +215,11 @@ class Worker:
         return claimed
 
     async def _fill(self, slot: EngineSlot, batches: list[BatchRecord], now: float) -> int:
-        """Claim for one engine: orgs take turns; within an org the earliest deadline first."""
+        """Claim for one engine: orgs take turns; within an org the earliest deadline first.
+
+        A few more items than free slots are claimed into the slot's backlog, so a request that
+        ends is followed at once by the next, without waiting for a claim round trip.
+        """
         by_org: dict[str, list[BatchRecord]] = defaultdict(list)
         for batch in batches:  # already ordered by expires_at
             by_org[batch.org_id].append(batch)
@@ -201,19 +228,48 @@ class Worker:
         orgs = orgs[self._org_turn :] + orgs[: self._org_turn]
         claimed = 0
         for position, org in enumerate(orgs):
-            share = -(-slot.free // (len(orgs) - position))
+            share = -(-slot.wanted // (len(orgs) - position))
             for batch in by_org[org]:
                 if share <= 0:
                     break
                 items = await self._store.claim(
                     batch.id, share, self._token, now + self._config.lease_s, now
                 )
-                for item in items:
-                    slot.in_flight += 1
-                    self._spawn(slot, batch, item)
+                slot.backlog.extend((batch, item) for item in items)
                 share -= len(items)
                 claimed += len(items)
+        self._start_backlog(slot)
         return claimed
+
+    def _start_backlog(self, slot: EngineSlot) -> None:
+        while slot.free > 0 and slot.backlog:
+            batch, item = slot.backlog.popleft()
+            slot.in_flight += 1
+            self._spawn(slot, batch, item)
+
+    def _drop_backlog(self, slot: EngineSlot, stop: Callable[[str], bool]) -> None:
+        """Give back claimed, unstarted items of batches that must not start more work."""
+        keep: deque[tuple[BatchRecord, ClaimedItem]] = deque()
+        for batch, item in slot.backlog:
+            if stop(batch.id):
+                release = self._store.release(batch.id, item.idx, self._token)
+                task = asyncio.create_task(release)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            else:
+                keep.append((batch, item))
+        slot.backlog = keep
+
+    def note_created(self, _batch_id: str) -> None:
+        """Called when a batch is created in this process: look for work now."""
+        self._batches_read_at = float("-inf")
+        self._freed.set()
+
+    def stop_starting(self, batch_id: str) -> None:
+        """Called when a batch is cancelled in this process: nothing of it starts any more."""
+        self._batches = [b for b in self._batches if b.id != batch_id]
+        for slot in self._pool.slots:
+            self._drop_backlog(slot, lambda other: other == batch_id)
 
     def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         task = asyncio.create_task(self._metered(slot, batch, item))
@@ -249,6 +305,7 @@ class Worker:
             )
             outcome = await self._attempts(slot, batch, item, request_body(raw))
             release_slot()
+            self._start_backlog(slot)
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
                 await self._store.release(batch.id, item.idx, self._token)
                 return
@@ -374,6 +431,10 @@ class Worker:
         for batch in await self._store.batches_in(active):
             status = BatchStatus(batch.status)
             local = self._tasks.get(batch.id)
+            if status in (BatchStatus.CANCELLING, BatchStatus.IN_PROGRESS) and (
+                status == BatchStatus.CANCELLING or now >= batch.expires_at
+            ):
+                self.stop_starting(batch.id)
             if status != BatchStatus.FINALIZING and now >= batch.expires_at:
                 await self._abandon(batch.id)
                 await self._store.close_unfinished(batch.id, "batch_expired")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,9 @@ class BatchService:
         self._max_window_s = max_window_s
         self._idempotency_required = idempotency_required
         self._limits = limits or OrgLimits()
+        # An in-process worker listens: it starts new batches and stops cancelled ones at once.
+        self.created_listeners: list[Callable[[str], None]] = []
+        self.cancel_listeners: list[Callable[[str], None]] = []
 
     async def create(
         self, org_id: str, request: dict[str, Any], idempotency_key: str | None
@@ -162,6 +166,8 @@ class BatchService:
         await self._store.transition(
             batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, now
         )
+        for listener in self.created_listeners:
+            listener(batch.id)
         return await self.get(org_id, batch.id), True
 
     def _replay(self, existing: BatchRecord, request_hash: str) -> BatchRecord:
@@ -281,4 +287,6 @@ class BatchService:
             BatchStatus.CANCELLING,
             int(self._clock.now()),
         )
+        for listener in self.cancel_listeners:
+            listener(batch_id)
         return await self.get(org_id, batch_id)
