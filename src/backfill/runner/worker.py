@@ -164,7 +164,8 @@ class Worker:
     async def _resume_validating(self) -> None:
         """Finish creations a crash interrupted between the batch row and its items."""
         for batch in await self._store.batches_in([BatchStatus.VALIDATING]):
-            await self._store.add_items(batch.id, await self._files.lines(batch.input_file_id))
+            async for lines in self._files.lines(batch.input_file_id):
+                await self._store.add_items(batch.id, lines)
             await self._store.transition(
                 batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
             )

@@ -160,8 +160,8 @@ class BatchService:
         await self._store.set_file_expiry(
             batch.input_file_id, batch.expires_at + ACCEPTED_INPUT_GRACE_S
         )
-        lines = await self._files.lines(batch.input_file_id)
-        await self._store.add_items(batch.id, lines)
+        async for lines in self._files.lines(batch.input_file_id):
+            await self._store.add_items(batch.id, lines)
         now = int(self._clock.now())
         await self._store.transition(
             batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, now

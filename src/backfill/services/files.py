@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
@@ -227,17 +227,27 @@ class FileService:
     ) -> AsyncIterator[bytes]:
         return self.blobs.stream(content_key(record.id), start, end)
 
-    async def lines(self, file_id: str) -> Sequence[LineRef]:
-        """Where each request line of an input file starts, and its custom_id."""
-        raw = await self.blobs.read(index_key(file_id))
+    async def lines(self, file_id: str, chunk: int = 5000) -> AsyncIterator[list[LineRef]]:
+        """Where each request line of an input file starts, and its custom_id, ``chunk`` at a
+        time: the index is streamed, so a million-line file never sits in memory at once."""
+        buffer = b""
         refs: list[LineRef] = []
-        pos = 0
         size = _INDEX_ENTRY.size
         idx = 0
-        while pos < len(raw):
-            offset, length, cid_len = _INDEX_ENTRY.unpack_from(raw, pos)
-            pos += size
-            refs.append(LineRef(idx, offset, length, raw[pos : pos + cid_len].decode()))
-            pos += cid_len
-            idx += 1
-        return refs
+        async for part in self.blobs.stream(index_key(file_id)):
+            buffer += part
+            pos = 0
+            while len(buffer) - pos >= size:
+                offset, length, cid_len = _INDEX_ENTRY.unpack_from(buffer, pos)
+                if len(buffer) - pos < size + cid_len:
+                    break
+                start = pos + size
+                refs.append(LineRef(idx, offset, length, buffer[start : start + cid_len].decode()))
+                pos = start + cid_len
+                idx += 1
+                if len(refs) >= chunk:
+                    yield refs
+                    refs = []
+            buffer = buffer[pos:]
+        if refs:
+            yield refs
