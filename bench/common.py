@@ -24,23 +24,29 @@ def free_port() -> int:
 
 
 def request_line(i: int, max_tokens: int = 64) -> bytes:
-    return orjson.dumps(
-        {
-            "custom_id": f"request-{i:08d}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": MODEL,
-                "messages": [
-                    {"role": "system", "content": "You are a careful assistant."},
-                    {"role": "user", "content": f"Summarize ticket {i}: the customer cannot "
-                     "sign in after resetting the password twice."},
-                ],
-                "max_tokens": max_tokens,
-                "temperature": 0.2,
-            },
-        }
-    ) + b"\n"
+    return (
+        orjson.dumps(
+            {
+                "custom_id": f"request-{i:08d}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": MODEL,
+                    "messages": [
+                        {"role": "system", "content": "You are a careful assistant."},
+                        {
+                            "role": "user",
+                            "content": f"Summarize ticket {i}: the customer cannot "
+                            "sign in after resetting the password twice.",
+                        },
+                    ],
+                    "max_tokens": max_tokens,
+                    "temperature": 0.2,
+                },
+            }
+        )
+        + b"\n"
+    )
 
 
 def write_input(path: Path, lines: int, max_tokens: int = 64) -> int:
@@ -90,7 +96,8 @@ def start_simulator(*args: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_http(f"http://127.0.0.1:{port}/health")
     return process, f"http://127.0.0.1:{port}/v1"
@@ -100,9 +107,22 @@ def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Pope
     port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "backfill.cli", "up", "--port", str(port), "--data", str(data),
-             "--no-local-engine", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
+            [
+                sys.executable,
+                "-m",
+                "backfill.cli",
+                "up",
+                "--port",
+                str(port),
+                "--data",
+                str(data),
+                "--no-local-engine",
+                "--config",
+                str(config),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
         )
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/healthz")
@@ -128,16 +148,15 @@ def peak_rss_mb(pid: int) -> float:
 
 def multipart(path: Path, boundary: str = "backfillbench") -> tuple[Iterator[bytes], str]:
     head = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
         "Content-Type: application/jsonl\r\n\r\n"
     ).encode()
 
     def body() -> Iterator[bytes]:
         yield head
         with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                yield chunk
+            yield from iter(lambda: fh.read(1 << 20), b"")
         yield f"\r\n--{boundary}--\r\n".encode()
 
     return body(), f"multipart/form-data; boundary={boundary}"

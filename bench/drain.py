@@ -23,7 +23,6 @@ from pathlib import Path
 import aiohttp
 import httpx
 import orjson
-
 from bench.common import (
     MODEL,
     cpu_seconds,
@@ -48,14 +47,14 @@ async def baseline(url: str, lines: list[bytes], concurrency: int) -> tuple[floa
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one(body: bytes) -> None:
-            async with slots:
-                async with session.post(
-                    url + "/chat/completions", data=body,
-                    headers={"Content-Type": "application/json"},
-                ) as response:
-                    await response.read()
-                    if response.status != 200:
-                        raise RuntimeError(f"engine answered {response.status}")
+            async with slots, session.post(
+                url + "/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"engine answered {response.status}")
 
         cpu_before = _own_cpu()
         start = time.perf_counter()
@@ -73,8 +72,9 @@ def run_backfill(
 ) -> tuple[float, float]:
     process, base, key = start_backfill(config, data, log)
     try:
-        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"},
-                              timeout=600)
+        client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600
+        )
         body, content_type = multipart(source)
         uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
         uploaded.raise_for_status()
@@ -82,8 +82,11 @@ def run_backfill(
         start = time.perf_counter()
         created = client.post(
             "/v1/batches",
-            json={"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions",
-                  "completion_window": "24h"},
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
         )
         created.raise_for_status()
         batch = created.json()
@@ -105,10 +108,25 @@ def start_llama() -> tuple[subprocess.Popen[bytes], str]:
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf()),
-         "--model_alias", LLAMA_MODEL, "--host", "127.0.0.1", "--port", str(port),
-         "--n_ctx", "2048", "--n_threads", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(smollm2_gguf()),
+            "--model_alias",
+            LLAMA_MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=120)
     return process, f"http://127.0.0.1:{port}/v1"
@@ -143,19 +161,29 @@ def main() -> None:
                 config.write_text(text)
             del extra
             backfill_s, cpu = run_backfill(
-                config, work / "data", work / "server.log", source, args.requests,
+                config,
+                work / "data",
+                work / "server.log",
+                source,
+                args.requests,
                 # Polling costs the server CPU that a CPU-bound local engine would miss.
                 poll_s=0.05 if args.engine == "sim" else 0.25,
             )
     finally:
         stop(engine)
     n = args.requests
-    print(f"engine: {args.engine}, {n} requests, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}")
+    print(
+        f"engine: {args.engine}, {n} requests, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}"
+    )
     print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
-    print(f"backfill up         : {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
-          f"{base_s / backfill_s:.2f}x")
-    print(f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests")
+    print(
+        f"backfill up         : {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
+        f"{base_s / backfill_s:.2f}x"
+    )
+    print(
+        f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests"
+    )
     print(f"backfill CPU        : {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
 
 

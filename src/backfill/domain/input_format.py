@@ -167,7 +167,7 @@ class LineValidator:
             line_no += 1
             try:
                 req = decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 raise self._undecodable(raw, line_no, exc) from None
             body = req.body
             cid = req.custom_id
@@ -221,6 +221,12 @@ class LineValidator:
             )
         if isinstance(exc, msgspec.ValidationError):
             return _decode_error(line_no, exc)
+        if isinstance(exc, RecursionError):
+            return LineError(
+                "invalid_json_line",
+                f"Line {line_no} nests JSON too deeply; flatten the request body.",
+                line=line_no,
+            )
         return LineError(
             "invalid_json_line",
             f"Line {line_no} is not a valid JSON object ({exc}).",

@@ -304,7 +304,21 @@ class Worker:
             raw = await self._blobs.read(
                 content_key(batch.input_file_id), item.offset, item.offset + item.length
             )
-            outcome = await self._attempts(slot, batch, item, request_body(raw))
+            try:
+                outcome = await self._attempts(slot, batch, item, request_body(raw))
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+                # The line passed validation but cannot be sent (a number or nesting the JSON
+                # encoder refuses): that is final for this request, not a reason to retry.
+                outcome = _Outcome(
+                    False,
+                    error_row(
+                        item.custom_id,
+                        "invalid_request",
+                        "The request body could not be encoded for the engine "
+                        f"({type(exc).__name__}); keep integers within 64 bits and nesting "
+                        "under 255 levels.",
+                    ),
+                )
             release_slot()
             self._start_backlog(slot)
             if outcome is None:  # the engine went away: back to the queue, no attempt counted

@@ -126,6 +126,9 @@ class Upload:
         if not self._finished:
             await self._content.abort()
             await self._index.abort()
+            # One blob may already be committed when the other failed: remove both.
+            await self._service.blobs.delete(content_key(self.file_id))
+            await self._service.blobs.delete(index_key(self.file_id))
 
 
 def _invalid(exc: LineError) -> InvalidInput:

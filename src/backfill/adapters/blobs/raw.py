@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -64,7 +65,9 @@ class _LocalWriter:
             os.close(dir_fd)
 
     async def abort(self) -> None:
-        self._fh.close()
+        # Closing flushes buffered bytes, which fails again on a full disk: ignore that.
+        with contextlib.suppress(OSError):
+            self._fh.close()
         self._tmp.unlink(missing_ok=True)
 
 

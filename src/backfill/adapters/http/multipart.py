@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from backfill.errors import InvalidInput
@@ -43,6 +44,7 @@ async def stream_form(
     fields: dict[str, str] = {}
     part = _Part()
     file_chunks: list[bytes] = []
+    ended: list[bool] = []
     saw_file = False
 
     def on_part_begin() -> None:
@@ -79,6 +81,9 @@ async def stream_form(
         if not part.is_file and part.name:
             fields[part.name] = part.value.decode(errors="replace")
 
+    def on_end() -> None:
+        ended.append(True)
+
     parser = MultipartParser(
         boundary,
         {
@@ -89,15 +94,30 @@ async def stream_form(
             "on_header_value": on_header_value,
             "on_header_end": on_header_end,
             "on_headers_finished": on_headers_finished,
+            "on_end": on_end,
         },
     )
-    async for chunk in body:
-        parser.write(chunk)
-        if file_chunks:
-            joined = b"".join(file_chunks)
-            file_chunks.clear()
-            await on_file_chunk(joined)
-    parser.finalize()
+    try:
+        async for chunk in body:
+            parser.write(chunk)
+            if file_chunks:
+                joined = b"".join(file_chunks)
+                file_chunks.clear()
+                await on_file_chunk(joined)
+        parser.finalize()
+    except MultipartParseError as exc:
+        raise InvalidInput(
+            f"The multipart form is malformed ({exc}); send the fields 'purpose' and 'file'.",
+            code="invalid_value",
+            param="file",
+        ) from None
     if file_chunks:
         await on_file_chunk(b"".join(file_chunks))
+    if not ended:
+        # A body cut short must not be stored as a shorter, valid-looking file.
+        raise InvalidInput(
+            "The upload ended before the multipart form was complete; send the whole file.",
+            code="invalid_value",
+            param="file",
+        )
     return fields, saw_file
