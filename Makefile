@@ -27,5 +27,13 @@ fmt: $(STAMP)
 test: check
 	$(VENV)/bin/pytest
 
+# Each script prints its figures as ratios against a baseline measured in the same run.
+bench: $(STAMP)
+	PYTHONPATH=. $(PY) -m bench.validation
+	PYTHONPATH=. $(PY) -m bench.drain
+	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32
+	PYTHONPATH=. $(PY) -m bench.accept_1m
+	PYTHONPATH=. $(PY) -m bench.scale_workers
+
 clean:
 	rm -rf $(VENV) backfill-data

@@ -64,7 +64,7 @@ def validator_only(path: Path) -> int:
 async def upload_path(path: Path) -> int:
     """The upload service's own code: validation, the line index, encryption to storage."""
     blobs = EncryptedBlobStore(MemoryRawStore(), Keyring(os.urandom(32)))
-    service = cast(FileService, SimpleNamespace(limits=LIMITS))
+    service = cast(FileService, SimpleNamespace(limits=LIMITS, blobs=blobs))
     upload = Upload(
         service, "org", await blobs.writer("content"), await blobs.writer("index"), "f", CATALOG
     )
