@@ -47,11 +47,14 @@ async def baseline(url: str, lines: list[bytes], concurrency: int) -> tuple[floa
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one(body: bytes) -> None:
-            async with slots, session.post(
-                url + "/chat/completions",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            ) as response:
+            async with (
+                slots,
+                session.post(
+                    url + "/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                ) as response,
+            ):
                 await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"engine answered {response.status}")
