@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+
 from bench.common import MODEL, multipart, peak_rss_mb, sim_config, start_backfill, stop
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import orjson
+
 from bench.common import (
     MODEL,
     cpu_seconds,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+
 from bench.common import (
     MODEL,
     free_port,

@@ -20,7 +20,6 @@ from types import SimpleNamespace
 from typing import cast
 
 import msgspec
-from bench.common import MODEL, request_line
 
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
@@ -30,6 +29,7 @@ from backfill.domain.input_format import Limits, LineValidator, RequestLine
 from backfill.domain.lines import LineSplitter
 from backfill.domain.money import Prices
 from backfill.services.files import FileService, Upload
+from bench.common import MODEL, request_line
 
 CHUNK = 1 << 20
 LIMITS = Limits(max_file_bytes=1 << 40, max_lines=10**8, max_line_bytes=20 << 20)
