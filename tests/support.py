@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from aiohttp import web
 
 from backfill.adapters.clock import SystemClock
@@ -283,6 +284,42 @@ class ServerProcess:
 
     def stop(self) -> None:
         _stop(self.process)
+
+
+def batch_of(client: httpx.Client, batch_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/batches/{batch_id}")
+    assert response.status_code == 200, response.text
+    batch: dict[str, Any] = response.json()
+    return batch
+
+
+def rows_of(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
+    if not file_id:
+        return []
+    response = client.get(f"/v1/files/{file_id}/content")
+    assert response.status_code == 200, response.text
+    return [orjson.loads(line) for line in response.content.splitlines()]
+
+
+def submit(client: httpx.Client, rows: list[dict[str, Any]]) -> str:
+    """Upload ``rows`` and create a 24h chat batch from them; returns the batch id."""
+    uploaded = client.post(
+        "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("input.jsonl", jsonl(rows), "application/jsonl")},
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    created = client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": uploaded.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert created.status_code == 200, created.text
+    batch_id: str = created.json()["id"]
+    return batch_id
 
 
 def write_sim_config(

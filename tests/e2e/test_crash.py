@@ -9,20 +9,19 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
-import orjson
 import pytest
 
 from tests.support import (
     TERMINAL,
     ServerProcess,
     SimulatorProcess,
+    batch_of,
     chat_line,
-    jsonl,
+    rows_of,
     start_server_process,
     start_simulator_process,
+    submit,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -39,21 +38,6 @@ def fast_sim() -> Iterator[SimulatorProcess]:
         process.stop()
 
 
-def batch_of(client: httpx.Client, batch_id: str) -> dict[str, Any]:
-    response = client.get(f"/v1/batches/{batch_id}")
-    assert response.status_code == 200, response.text
-    batch: dict[str, Any] = response.json()
-    return batch
-
-
-def rows_of(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
-    if not file_id:
-        return []
-    response = client.get(f"/v1/files/{file_id}/content")
-    assert response.status_code == 200, response.text
-    return [orjson.loads(line) for line in response.content.splitlines()]
-
-
 def test_sigkill_mid_batch_loses_and_duplicates_nothing(
     tmp_path: Path, fast_sim: SimulatorProcess
 ) -> None:
@@ -61,22 +45,7 @@ def test_sigkill_mid_batch_loses_and_duplicates_nothing(
     try:
         rows = [chat_line(f"crash-{i:04d}", f"question number {i}") for i in range(TOTAL)]
         with server.client() as client:
-            uploaded = client.post(
-                "/v1/files",
-                data={"purpose": "batch"},
-                files={"file": ("input.jsonl", jsonl(rows), "application/jsonl")},
-            )
-            assert uploaded.status_code == 200, uploaded.text
-            created = client.post(
-                "/v1/batches",
-                json={
-                    "input_file_id": uploaded.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                },
-            )
-            assert created.status_code == 200, created.text
-            batch_id = created.json()["id"]
+            batch_id = submit(client, rows)
 
             deadline = time.monotonic() + 60
             done_at_kill = -1

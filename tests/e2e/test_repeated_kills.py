@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 
 from backfill.domain.money import Prices, token_charge
@@ -34,10 +32,12 @@ from tests.support import (
     TERMINAL,
     ServerProcess,
     SimulatorProcess,
+    batch_of,
     chat_line,
-    jsonl,
+    rows_of,
     start_server_process,
     start_simulator_process,
+    submit,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -57,24 +57,9 @@ def slowish_sim() -> Iterator[SimulatorProcess]:
         process.stop()
 
 
-def batch_of(client: httpx.Client, batch_id: str) -> dict[str, Any]:
-    response = client.get(f"/v1/batches/{batch_id}")
-    assert response.status_code == 200, response.text
-    batch: dict[str, Any] = response.json()
-    return batch
-
-
 def done(batch: dict[str, Any]) -> int:
     counts = batch["request_counts"]
     return int(counts["completed"]) + int(counts["failed"])
-
-
-def rows_of(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
-    if not file_id:
-        return []
-    response = client.get(f"/v1/files/{file_id}/content")
-    assert response.status_code == 200, response.text
-    return [orjson.loads(line) for line in response.content.splitlines()]
 
 
 def ledger(server: ServerProcess) -> dict[str, int]:
@@ -113,22 +98,7 @@ def test_repeated_sigkills_lose_duplicate_and_double_bill_nothing(
     kills: list[tuple[int, int]] = []  # (done when killed, done right after the restart)
     try:
         with server.client() as client:
-            uploaded = client.post(
-                "/v1/files",
-                data={"purpose": "batch"},
-                files={"file": ("input.jsonl", jsonl(rows), "application/jsonl")},
-            )
-            assert uploaded.status_code == 200, uploaded.text
-            created = client.post(
-                "/v1/batches",
-                json={
-                    "input_file_id": uploaded.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                },
-            )
-            assert created.status_code == 200, created.text
-            batch_id = created.json()["id"]
+            batch_id = submit(client, rows)
 
         for point, delay in zip(points, delays, strict=True):
             with server.client() as client:

@@ -60,19 +60,21 @@ _TERMINAL = [
 ]
 
 
+def _prices(row: Any) -> Prices | None:
+    """Prices stored in a row's price_* columns, or None where the row has none."""
+    if row.price_input is None or row.price_output is None:
+        return None
+    return Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+
+
 def _model(row: Any) -> CatalogModel:
-    prices = (
-        Prices(row.price_input, row.price_cached_input or 0, row.price_output)
-        if row.price_input is not None and row.price_output is not None
-        else None
-    )
     return CatalogModel(
         id=row.id,
         model_config_id=row.model_config_id,
         context_length=row.context_length,
         max_output_tokens=row.max_output_tokens,
         modalities=frozenset(row.modalities.split(",")),
-        prices=prices,
+        prices=_prices(row),
         owner_org_id=row.owner_org_id,
         gpu_count=row.gpu_count,
         microusd_per_gpu_second=row.microusd_per_gpu_second,
@@ -88,11 +90,7 @@ class _Settling:
         self.org_id: str = row.org_id
         self.model_config_id: str = row.model_config_id
         self.reserved: int = row.reserved
-        self.prices = (
-            Prices(row.price_input, row.price_cached_input or 0, row.price_output)
-            if row.billing == "catalog" and row.price_input is not None
-            else None
-        )
+        self.prices = _prices(row) if row.billing == "catalog" else None
         self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
         self.charged = 0
 
@@ -339,11 +337,6 @@ class SqlStore:
             ).first()
         if row is None:
             return None
-        prices = (
-            Prices(row.price_input, row.price_cached_input or 0, row.price_output)
-            if row.price_input is not None and row.price_output is not None
-            else None
-        )
         return Receipt(
             request_id=row.request_id,
             org_id=row.org_id,
@@ -355,7 +348,7 @@ class SqlStore:
             input_tokens=row.input_tokens,
             cached_tokens=row.cached_tokens,
             output_tokens=row.output_tokens,
-            prices=prices,
+            prices=_prices(row),
             gpu_count=row.gpu_count,
             gpu_ms=row.gpu_ms,
             amount=row.amount,
