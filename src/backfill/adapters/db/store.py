@@ -475,8 +475,23 @@ class SqlStore:
         values["reserved"] = admission.reserve
         o = t.orgs
         async with self.engine.begin() as conn:
-            # Reserving first takes the org row's lock (PostgreSQL), so concurrent creations
-            # for one org are checked one after another and can never overspend.
+            # The org row's lock (PostgreSQL; SQLite has one writer) orders concurrent creations
+            # of one org: each sees the ones before it, so none overspends, and a replay of an
+            # idempotency key finds the original instead of being refused for its credit.
+            if not self.is_sqlite:
+                await conn.execute(select(o.c.id).where(o.c.id == batch.org_id).with_for_update())
+            if batch.idempotency_key is not None:
+                b = t.batches
+                taken = await conn.execute(
+                    select(b.c.id).where(
+                        b.c.org_id == batch.org_id, b.c.idempotency_key == batch.idempotency_key
+                    )
+                )
+                if taken.first() is not None:
+                    raise Conflict(
+                        "A batch with this Idempotency-Key already exists.",
+                        code="idempotency_key_conflict",
+                    )
             reserved = await conn.execute(
                 update(o)
                 .where(o.c.id == batch.org_id, o.c.balance - o.c.reserved >= admission.reserve)
