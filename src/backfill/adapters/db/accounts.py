@@ -1,0 +1,218 @@
+"""Organizations, API keys, the catalog, credit and receipts."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.rows import (
+    model_of,
+    prices_of,
+)
+from backfill.domain.catalog import CatalogModel
+from backfill.errors import Conflict
+from backfill.ports import (
+    ApiKey,
+    Ledger,
+    Org,
+    Receipt,
+)
+
+
+class AccountQueries(SqlBase):
+    # ---- tenants ----------------------------------------------------------------------
+
+    async def create_org(self, org: Org) -> None:
+        async with self.engine.begin() as conn:
+            try:
+                await conn.execute(
+                    insert(t.orgs).values(id=org.id, name=org.name, created_at=org.created_at)
+                )
+            except IntegrityError:
+                raise Conflict(f"An organization named {org.name!r} already exists.") from None
+
+    async def org_by_name(self, name: str) -> Org | None:
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(t.orgs).where(t.orgs.c.name == name))).first()
+        return Org(id=row.id, name=row.name, created_at=row.created_at) if row else None
+
+    async def count_orgs(self) -> int:
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(t.orgs))).scalar_one())
+
+    async def create_api_key(self, key: ApiKey, secret_hash: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(t.api_keys).values(
+                    id=key.id,
+                    org_id=key.org_id,
+                    prefix=key.prefix,
+                    secret_hash=secret_hash,
+                    scopes=",".join(sorted(key.scopes)),
+                    created_at=int(time.time()),
+                )
+            )
+
+    async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(t.api_keys).where(t.api_keys.c.secret_hash == secret_hash)
+                )
+            ).first()
+        if row is None:
+            return None
+        return ApiKey(
+            id=row.id, org_id=row.org_id, prefix=row.prefix, scopes=frozenset(row.scopes.split(","))
+        )
+
+    # ---- catalog ----------------------------------------------------------------------
+
+    async def list_models(self) -> list[CatalogModel]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(t.models).order_by(t.models.c.id))).all()
+        return [model_of(r) for r in rows]
+
+    async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None:
+        prices = model.prices
+        values: dict[str, Any] = {
+            "model_config_id": model.model_config_id,
+            "context_length": model.context_length,
+            "max_output_tokens": model.max_output_tokens,
+            "modalities": ",".join(sorted(model.modalities)),
+            "price_input": prices.input if prices else None,
+            "price_cached_input": prices.cached_input if prices else None,
+            "price_output": prices.output if prices else None,
+            "owner_org_id": model.owner_org_id,
+            "gpu_count": model.gpu_count,
+            "microusd_per_gpu_second": model.microusd_per_gpu_second,
+            "throughput_tokens_per_s": model.throughput_tokens_per_s,
+            "updated_at": now,
+        }
+        async with self.engine.begin() as conn:
+            exists = (
+                await conn.execute(select(t.models.c.id).where(t.models.c.id == model.id))
+            ).first()
+            if exists is None:
+                await conn.execute(insert(t.models).values(id=model.id, **values))
+            elif replace:
+                await conn.execute(
+                    update(t.models).where(t.models.c.id == model.id).values(**values)
+                )
+
+    # ---- billing ----------------------------------------------------------------------
+
+    async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(t.credits).values(
+                    id=f"cr_{uuid.uuid4().hex}",
+                    org_id=org_id,
+                    amount=amount,
+                    note=note,
+                    created_at=now,
+                )
+            )
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == org_id)
+                .values(balance=t.orgs.c.balance + amount)
+            )
+            balance = (
+                await conn.execute(select(t.orgs.c.balance).where(t.orgs.c.id == org_id))
+            ).scalar_one()
+        return int(balance)
+
+    async def ledger(self, org_id: str) -> Ledger:
+        async with self.engine.connect() as conn:
+            credits = (
+                await conn.execute(
+                    select(func.coalesce(func.sum(t.credits.c.amount), 0)).where(
+                        t.credits.c.org_id == org_id
+                    )
+                )
+            ).scalar_one()
+            charges, receipts = (
+                await conn.execute(
+                    select(func.coalesce(func.sum(t.receipts.c.amount), 0), func.count()).where(
+                        t.receipts.c.org_id == org_id
+                    )
+                )
+            ).one()
+            org = (
+                await conn.execute(
+                    select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
+                )
+            ).one()
+        return Ledger(
+            int(credits), int(charges), int(org.balance), int(org.reserved), int(receipts)
+        )
+
+    async def balances(self, org_ids: Sequence[str]) -> dict[str, int]:
+        if not org_ids:
+            return {}
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(t.orgs.c.id, t.orgs.c.balance).where(t.orgs.c.id.in_(list(org_ids)))
+                )
+            ).all()
+        return {r.id: int(r.balance) for r in rows}
+
+    async def get_receipt(self, org_id: str, request_id: str) -> Receipt | None:
+        r = t.receipts
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(r).where(r.c.request_id == request_id, r.c.org_id == org_id)
+                )
+            ).first()
+        if row is None:
+            return None
+        return Receipt(
+            request_id=row.request_id,
+            org_id=row.org_id,
+            kind=row.kind,
+            batch_id=row.batch_id,
+            custom_id=row.custom_id,
+            model_config_id=row.model_config_id,
+            deployment_id=row.deployment_id,
+            input_tokens=row.input_tokens,
+            cached_tokens=row.cached_tokens,
+            output_tokens=row.output_tokens,
+            prices=prices_of(row),
+            gpu_count=row.gpu_count,
+            gpu_ms=row.gpu_ms,
+            amount=row.amount,
+            started_at=row.started_at,
+            created_at=row.created_at,
+        )
+
+    async def charge_gpu_time(self, receipt: Receipt) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(t.receipts).values(
+                    request_id=receipt.request_id,
+                    org_id=receipt.org_id,
+                    kind=receipt.kind,
+                    deployment_id=receipt.deployment_id,
+                    model_config_id=receipt.model_config_id,
+                    gpu_count=receipt.gpu_count,
+                    gpu_ms=receipt.gpu_ms,
+                    amount=receipt.amount,
+                    started_at=receipt.started_at,
+                    created_at=receipt.created_at,
+                )
+            )
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == receipt.org_id)
+                .values(balance=t.orgs.c.balance - receipt.amount)
+            )

@@ -1,0 +1,333 @@
+"""Files and batches, with admission (credit, limits, capacity) at creation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select, true, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.rows import (
+    BATCH_FIELDS,
+    TERMINAL,
+    batch_of,
+    file_of,
+    file_values,
+)
+from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
+from backfill.domain.money import pico_to_usd
+from backfill.errors import Conflict, PaymentRequired, RateLimited
+from backfill.ports import (
+    Admission,
+    BatchRecord,
+    FileRecord,
+    LineRef,
+    Page,
+)
+
+_INSERT_CHUNK = 5000
+
+
+class BatchQueries(SqlBase):
+    # ---- files ------------------------------------------------------------------------
+
+    async def create_file(self, record: FileRecord) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(insert(t.files).values(**file_values(record)))
+
+    async def get_file(self, org_id: str, file_id: str) -> FileRecord | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(t.files).where(t.files.c.id == file_id, t.files.c.org_id == org_id)
+                )
+            ).first()
+        return file_of(row) if row else None
+
+    async def list_files(
+        self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
+    ) -> Page:
+        query = select(t.files).where(t.files.c.org_id == org_id, t.files.c.status != "deleted")
+        if purpose:
+            query = query.where(t.files.c.purpose == purpose)
+        async with self.engine.connect() as conn:
+            if after:
+                anchor = (
+                    await conn.execute(select(t.files.c.seq).where(t.files.c.id == after))
+                ).scalar()
+                if anchor is not None:
+                    cond = t.files.c.seq > anchor if ascending else t.files.c.seq < anchor
+                    query = query.where(cond)
+            order = t.files.c.seq.asc() if ascending else t.files.c.seq.desc()
+            rows = (await conn.execute(query.order_by(order).limit(limit + 1))).all()
+        return Page(items=[file_of(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def mark_file_deleted(self, file_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.files).where(t.files.c.id == file_id).values(status="deleted")
+            )
+
+    async def expired_files(self, now: int, limit: int) -> list[FileRecord]:
+        f, b = t.files, t.batches
+        busy = select(b.c.input_file_id).where(b.c.status.not_in(TERMINAL))
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(f)
+                    .where(
+                        f.c.status != "deleted",
+                        f.c.expires_at <= now,
+                        f.c.id.not_in(busy),
+                    )
+                    .order_by(f.c.expires_at)
+                    .limit(limit)
+                )
+            ).all()
+        return [file_of(r) for r in rows]
+
+    async def set_file_expiry(self, file_id: str, expires_at: int) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.files).where(t.files.c.id == file_id).values(expires_at=expires_at)
+            )
+
+    async def purge_results(self, batch_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.items).where(t.items.c.batch_id == batch_id).values(result=None)
+            )
+
+    async def unfinished_batch_for_file(self, file_id: str) -> str | None:
+        terminal = [
+            s.value
+            for s in (
+                BatchStatus.COMPLETED,
+                BatchStatus.FAILED,
+                BatchStatus.EXPIRED,
+                BatchStatus.CANCELLED,
+            )
+        ]
+        async with self.engine.connect() as conn:
+            return (
+                await conn.execute(
+                    select(t.batches.c.id)
+                    .where(t.batches.c.input_file_id == file_id)
+                    .where(t.batches.c.status.not_in(terminal))
+                    .limit(1)
+                )
+            ).scalar()
+
+    # ---- batches ----------------------------------------------------------------------
+
+    async def create_batch(self, batch: BatchRecord, admission: Admission) -> None:
+        values = {k: getattr(batch, k) for k in BATCH_FIELDS}
+        values["seq"] = time.time_ns()
+        values["reserved"] = admission.reserve
+        o = t.orgs
+        async with self.engine.begin() as conn:
+            # The org row's lock (PostgreSQL; SQLite has one writer) orders concurrent creations
+            # of one org: each sees the ones before it, so none overspends, and a replay of an
+            # idempotency key finds the original instead of being refused for its credit.
+            if not self.is_sqlite:
+                await conn.execute(select(o.c.id).where(o.c.id == batch.org_id).with_for_update())
+            if batch.idempotency_key is not None:
+                b = t.batches
+                taken = await conn.execute(
+                    select(b.c.id).where(
+                        b.c.org_id == batch.org_id, b.c.idempotency_key == batch.idempotency_key
+                    )
+                )
+                if taken.first() is not None:
+                    raise Conflict(
+                        "A batch with this Idempotency-Key already exists.",
+                        code="idempotency_key_conflict",
+                    )
+            reserved = await conn.execute(
+                update(o)
+                .where(o.c.id == batch.org_id, o.c.balance - o.c.reserved >= admission.reserve)
+                .where(o.c.balance > 0 if admission.require_positive_balance else true())
+                .values(reserved=o.c.reserved + admission.reserve)
+            )
+            if not reserved.rowcount:
+                await self._refuse_credit(conn, batch.org_id, admission)
+            await self._check_limits(conn, batch, admission)
+            try:
+                await conn.execute(insert(t.batches).values(**values))
+            except IntegrityError:
+                raise Conflict(
+                    "A batch with this Idempotency-Key was created concurrently; retry the "
+                    "request to get it.",
+                    code="idempotency_key_conflict",
+                ) from None
+
+    async def _refuse_credit(
+        self, conn: AsyncConnection, org_id: str, admission: Admission
+    ) -> None:
+        row = (
+            await conn.execute(
+                select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
+            )
+        ).one()
+        available = row.balance - row.reserved
+        if admission.require_positive_balance:
+            raise PaymentRequired(
+                f"Batches on a private deployment need a positive balance (it is "
+                f"{pico_to_usd(row.balance)} USD); add credit and retry."
+            )
+        raise PaymentRequired(
+            f"This batch needs {pico_to_usd(admission.reserve)} USD of credit for its worst case "
+            f"but {pico_to_usd(available)} USD is available; add credit or submit fewer requests. "
+            "Nothing was queued and the input file can be used again."
+        )
+
+    async def _check_limits(
+        self, conn: AsyncConnection, batch: BatchRecord, admission: Admission
+    ) -> None:
+        b = t.batches
+        unfinished = (
+            await conn.execute(
+                select(func.count())
+                .select_from(b)
+                .where(b.c.org_id == batch.org_id, b.c.status.not_in(TERMINAL))
+            )
+        ).scalar_one()
+        if unfinished >= admission.max_unfinished:
+            raise RateLimited(
+                f"This organization already has {unfinished} unfinished batches (the limit is "
+                f"{admission.max_unfinished}); wait for one to finish or cancel one, then retry.",
+                code="too_many_unfinished_batches",
+                retry_after_s=60,
+            )
+        f = t.files
+        retained = (
+            await conn.execute(
+                select(func.coalesce(func.sum(f.c.bytes), 0)).where(
+                    f.c.org_id == batch.org_id, f.c.purpose == "batch", f.c.status != "deleted"
+                )
+            )
+        ).scalar_one()
+        if retained > admission.max_retained_input_bytes:
+            raise RateLimited(
+                f"This organization keeps {retained} bytes of input files (the limit is "
+                f"{admission.max_retained_input_bytes}); delete input files you no longer need "
+                "(DELETE /v1/files/{id}) and retry.",
+                code="retained_input_limit",
+            )
+        if admission.throughput_tokens_per_s:
+            await self._check_capacity(conn, batch, admission.throughput_tokens_per_s)
+
+    async def _check_capacity(self, conn: AsyncConnection, batch: BatchRecord, rate: int) -> None:
+        b = t.batches
+        rows = (
+            await conn.execute(
+                select(b.c.output_token_bound, b.c.total, b.c.completed, b.c.failed).where(
+                    b.c.model == batch.model, b.c.status.not_in(TERMINAL)
+                )
+            )
+        ).all()
+        queued = sum(
+            r.output_token_bound * (r.total - r.completed - r.failed) // max(r.total, 1)
+            for r in rows
+        )
+        window = batch.expires_at - batch.created_at
+        if queued + batch.output_token_bound > rate * window:
+            wait = -(-(queued + batch.output_token_bound - rate * window) // rate)
+            raise RateLimited(
+                f"{batch.model} has {queued} output tokens queued; with this batch's "
+                f"{batch.output_token_bound} it cannot finish inside the {batch.completion_window} "
+                f"window at {rate} tokens/s. Retry in about {wait}s, use a longer window, or split "
+                "the file.",
+                code="capacity_exceeded",
+                retry_after_s=int(wait),
+            )
+
+    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None:
+        for start in range(0, len(lines), _INSERT_CHUNK):
+            chunk = lines[start : start + _INSERT_CHUNK]
+            # Ignoring rows already there lets an interrupted creation be resumed.
+            stmt = (
+                insert(t.items).prefix_with("OR IGNORE")
+                if self.is_sqlite
+                else pg_insert(t.items).on_conflict_do_nothing()
+            )
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    stmt,
+                    [
+                        {
+                            "batch_id": batch_id,
+                            "idx": line.idx,
+                            "offset": line.offset,
+                            "length": line.length,
+                            "custom_id": line.custom_id,
+                            "state": ItemState.QUEUED,
+                        }
+                        for line in chunk
+                    ],
+                )
+
+    async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None:
+        query = select(t.batches).where(t.batches.c.id == batch_id)
+        if org_id is not None:
+            query = query.where(t.batches.c.org_id == org_id)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return batch_of(row) if row else None
+
+    async def batch_by_idempotency_key(self, org_id: str, key: str) -> BatchRecord | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(t.batches).where(
+                        t.batches.c.org_id == org_id, t.batches.c.idempotency_key == key
+                    )
+                )
+            ).first()
+        return batch_of(row) if row else None
+
+    async def list_batches(self, org_id: str, after: str | None, limit: int) -> Page:
+        query = select(t.batches).where(t.batches.c.org_id == org_id)
+        async with self.engine.connect() as conn:
+            if after:
+                anchor = (
+                    await conn.execute(select(t.batches.c.seq).where(t.batches.c.id == after))
+                ).scalar()
+                if anchor is not None:
+                    query = query.where(t.batches.c.seq < anchor)
+            rows = (
+                await conn.execute(query.order_by(t.batches.c.seq.desc()).limit(limit + 1))
+            ).all()
+        return Page(items=[batch_of(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    async def transition(
+        self, batch_id: str, from_statuses: Sequence[str], to: str, now: int
+    ) -> bool:
+        values: dict[str, Any] = {"status": to}
+        column = TIMESTAMP_OF.get(BatchStatus(to))
+        if column:
+            values[column] = now
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                update(t.batches)
+                .where(t.batches.c.id == batch_id, t.batches.c.status.in_(list(from_statuses)))
+                .values(**values)
+            )
+        return bool(result.rowcount)
+
+    async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(t.batches)
+                    .where(t.batches.c.status.in_(list(statuses)))
+                    .order_by(t.batches.c.expires_at)
+                )
+            ).all()
+        return [batch_of(r) for r in rows]

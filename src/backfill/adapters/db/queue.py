@@ -1,0 +1,371 @@
+"""The work queue: claims with leases, fenced result writes, finalizing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.rows import (
+    file_values,
+    prices_of,
+)
+from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
+from backfill.domain.money import token_charge
+from backfill.ports import (
+    ClaimedItem,
+    FileRecord,
+    ItemResult,
+    StoredResult,
+)
+
+_RESULT_PAGE = 1000
+
+
+class Settling:
+    """Charges of one batch within a result write: receipts, then one update per row."""
+
+    def __init__(self, row: Any) -> None:
+        self.id: str = row.id
+        self.org_id: str = row.org_id
+        self.model_config_id: str = row.model_config_id
+        self.reserved: int = row.reserved
+        self.prices = prices_of(row) if row.billing == "catalog" else None
+        self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
+        self.charged = 0
+
+    def add(self, r: ItemResult, now: float) -> dict[str, Any] | None:
+        if not r.ok:
+            self.failed += 1
+            return None
+        self.ok += 1
+        self.tokens_in += r.input_tokens
+        self.tokens_out += r.output_tokens
+        self.cached += r.cached_tokens
+        if self.prices is None or r.request_id is None:
+            return None
+        amount = token_charge(self.prices, r.input_tokens, r.cached_tokens, r.output_tokens)
+        self.charged += amount
+        return {
+            "request_id": r.request_id,
+            "org_id": self.org_id,
+            "kind": "tokens",
+            "batch_id": self.id,
+            "idx": r.idx,
+            "custom_id": r.custom_id,
+            "model_config_id": self.model_config_id,
+            "input_tokens": r.input_tokens,
+            "cached_tokens": r.cached_tokens,
+            "output_tokens": r.output_tokens,
+            "price_input": self.prices.input,
+            "price_cached_input": self.prices.cached_input,
+            "price_output": self.prices.output,
+            "amount": amount,
+            "created_at": now,
+        }
+
+    async def apply(self, conn: AsyncConnection) -> None:
+        if not (self.ok or self.failed):
+            return
+        b = t.batches
+        release = min(self.charged, self.reserved)
+        await conn.execute(
+            update(b)
+            .where(b.c.id == self.id)
+            .values(
+                completed=b.c.completed + self.ok,
+                failed=b.c.failed + self.failed,
+                input_tokens=b.c.input_tokens + self.tokens_in,
+                output_tokens=b.c.output_tokens + self.tokens_out,
+                cached_tokens=b.c.cached_tokens + self.cached,
+                charged=b.c.charged + self.charged,
+                reserved=b.c.reserved - release,
+            )
+        )
+        if self.charged:
+            o = t.orgs
+            await conn.execute(
+                update(o)
+                .where(o.c.id == self.org_id)
+                .values(balance=o.c.balance - self.charged, reserved=o.c.reserved - release)
+            )
+
+
+class QueueQueries(SqlBase):
+    # ---- work queue -------------------------------------------------------------------
+
+    async def claim(
+        self, batch_id: str, limit: int, token: str, lease_until: float, now: float
+    ) -> list[ClaimedItem]:
+        i = t.items
+        running = (
+            select(t.batches.c.id)
+            .where(t.batches.c.id == batch_id, t.batches.c.status == BatchStatus.IN_PROGRESS)
+            .exists()
+        )
+        claimable = and_(
+            i.c.batch_id == batch_id,
+            or_(
+                i.c.state == ItemState.QUEUED,
+                and_(i.c.state == ItemState.LEASED, i.c.lease_until < now),
+            ),
+            running,
+        )
+        pick = select(i.c.idx).where(claimable).order_by(i.c.idx).limit(limit)
+        values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
+        returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
+        if self.is_sqlite:
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == batch_id, i.c.idx.in_(pick.scalar_subquery()))
+                .values(**values)
+                .returning(*returning)
+            )
+        else:
+            # A CTE runs once; an IN-subquery may be re-run per row and claim past the limit.
+            picked = pick.with_for_update(skip_locked=True).cte("picked")
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == batch_id, i.c.idx == picked.c.idx)
+                .values(**values)
+                .returning(*returning)
+            )
+        async with self.engine.begin() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return sorted(
+            (ClaimedItem(batch_id, r.idx, r.offset, r.length, r.custom_id) for r in rows),
+            key=lambda c: c.idx,
+        )
+
+    async def renew_leases(self, token: str, lease_until: float) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.items)
+                .where(t.items.c.lease_token == token, t.items.c.state == ItemState.LEASED)
+                .values(lease_until=lease_until)
+            )
+
+    async def release_all_leases(self) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(t.items)
+                .where(t.items.c.state == ItemState.LEASED)
+                .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
+            )
+
+    async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
+        i = t.items
+        b = t.batches
+        now = time.time()
+        async with self.engine.begin() as conn:
+            batch_ids = sorted({r.batch_id for r in results})
+            query = select(
+                b.c.id,
+                b.c.org_id,
+                b.c.billing,
+                b.c.model_config_id,
+                b.c.reserved,
+                b.c.price_input,
+                b.c.price_cached_input,
+                b.c.price_output,
+            ).where(b.c.id.in_(batch_ids))
+            if not self.is_sqlite:
+                query = query.with_for_update()
+            batches = {row.id: Settling(row) for row in (await conn.execute(query)).all()}
+            held = await self._held_leases(conn, results)
+            flags = []
+            for r in results:
+                key = (r.batch_id, r.idx, r.lease_token)
+                flags.append(key in held)
+                held.discard(key)  # a second result for the same item in one write loses
+            accepted = [r for r, ok in zip(results, flags, strict=True) if ok]
+            if accepted:
+                # The leases were just checked (and locked on PostgreSQL) in this transaction,
+                # so one executemany stores them all.
+                await conn.execute(
+                    update(i)
+                    .where(i.c.batch_id == bindparam("b_batch"), i.c.idx == bindparam("b_idx"))
+                    .values(
+                        state=ItemState.DONE,
+                        outcome=bindparam("b_outcome"),
+                        result=bindparam("b_result"),
+                        input_tokens=bindparam("b_in"),
+                        output_tokens=bindparam("b_out"),
+                        lease_token=None,
+                        lease_until=None,
+                    ),
+                    [
+                        {
+                            "b_batch": r.batch_id,
+                            "b_idx": r.idx,
+                            "b_outcome": Outcome.OK if r.ok else Outcome.ERROR,
+                            "b_result": r.payload,
+                            "b_in": r.input_tokens,
+                            "b_out": r.output_tokens,
+                        }
+                        for r in accepted
+                    ],
+                )
+                receipts = [
+                    receipt
+                    for r in accepted
+                    if (receipt := batches[r.batch_id].add(r, now)) is not None
+                ]
+                if receipts:
+                    await conn.execute(insert(t.receipts), receipts)
+            for settling in batches.values():
+                await settling.apply(conn)
+        return flags
+
+    async def _held_leases(
+        self, conn: AsyncConnection, results: Sequence[ItemResult]
+    ) -> set[tuple[str, int, str]]:
+        """Which of these results' items are still leased with the token they carry."""
+        i = t.items
+        held: set[tuple[str, int, str]] = set()
+        by_batch: dict[str, list[int]] = {}
+        for r in results:
+            by_batch.setdefault(r.batch_id, []).append(r.idx)
+        for batch_id, idxs in by_batch.items():
+            query = select(i.c.idx, i.c.lease_token).where(
+                i.c.batch_id == batch_id, i.c.idx.in_(idxs), i.c.state == ItemState.LEASED
+            )
+            if not self.is_sqlite:
+                query = query.with_for_update()
+            for row in (await conn.execute(query)).all():
+                held.add((batch_id, row.idx, row.lease_token))
+        return held
+
+    async def release(self, batch_id: str, idx: int, token: str) -> None:
+        i = t.items
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(i)
+                .where(
+                    i.c.batch_id == batch_id,
+                    i.c.idx == idx,
+                    i.c.lease_token == token,
+                    i.c.state == ItemState.LEASED,
+                )
+                .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
+            )
+
+    async def live_leases(self, batch_id: str, now: float) -> int:
+        i = t.items
+        async with self.engine.connect() as conn:
+            return int(
+                (
+                    await conn.execute(
+                        select(func.count())
+                        .select_from(i)
+                        .where(
+                            i.c.batch_id == batch_id,
+                            i.c.state == ItemState.LEASED,
+                            i.c.lease_until >= now,
+                        )
+                    )
+                ).scalar_one()
+            )
+
+    async def close_unfinished(self, batch_id: str, error_code: str) -> int:
+        i = t.items
+        async with self.engine.begin() as conn:
+            res = await conn.execute(
+                update(i)
+                .where(i.c.batch_id == batch_id, i.c.state != ItemState.DONE)
+                .values(
+                    state=ItemState.DONE,
+                    outcome=Outcome.ERROR,
+                    error_code=error_code,
+                    lease_token=None,
+                    lease_until=None,
+                )
+            )
+            closed = int(res.rowcount)
+            if closed:
+                await conn.execute(
+                    update(t.batches)
+                    .where(t.batches.c.id == batch_id)
+                    .values(failed=t.batches.c.failed + closed)
+                )
+        return closed
+
+    async def iter_results(self, batch_id: str) -> AsyncIterator[list[StoredResult]]:
+        i = t.items
+        last = -1
+        while True:
+            async with self.engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        select(i.c.idx, i.c.custom_id, i.c.outcome, i.c.result, i.c.error_code)
+                        .where(i.c.batch_id == batch_id, i.c.idx > last)
+                        .order_by(i.c.idx)
+                        .limit(_RESULT_PAGE)
+                    )
+                ).all()
+            if not rows:
+                return
+            last = rows[-1].idx
+            yield [
+                StoredResult(r.idx, r.custom_id, r.outcome == Outcome.OK, r.result, r.error_code)
+                for r in rows
+            ]
+
+    async def publish(
+        self,
+        batch_id: str,
+        expected_status: str,
+        status: str,
+        now: int,
+        output: FileRecord,
+        errors: FileRecord,
+    ) -> bool:
+        values: dict[str, Any] = {
+            "status": status,
+            "output_file_id": output.id,
+            "error_file_id": errors.id,
+        }
+        column = TIMESTAMP_OF.get(BatchStatus(status))
+        if column:
+            values[column] = now
+        async with self.engine.begin() as conn:
+            res = await conn.execute(
+                update(t.batches)
+                .where(t.batches.c.id == batch_id, t.batches.c.status == expected_status)
+                .values(**values)
+            )
+            if not res.rowcount:
+                return False
+            for record in (output, errors):
+                await conn.execute(insert(t.files).values(**file_values(record)))
+            await self._release_reservation(conn, batch_id)
+            # Accepted input is removed once its batch is over (SPEC §10.3): the janitor takes
+            # it unless another unfinished batch still reads it.
+            input_id = select(t.batches.c.input_file_id).where(t.batches.c.id == batch_id)
+            await conn.execute(
+                update(t.files)
+                .where(t.files.c.id == input_id.scalar_subquery())
+                .values(
+                    expires_at=func.min(t.files.c.expires_at, now)
+                    if self.is_sqlite
+                    else func.least(t.files.c.expires_at, now)
+                )
+            )
+        return True
+
+    async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:
+        """At the terminal state the unspent part of the reservation goes back (SPEC §7.3)."""
+        b = t.batches
+        row = (await conn.execute(select(b.c.org_id, b.c.reserved).where(b.c.id == batch_id))).one()
+        if row.reserved:
+            await conn.execute(update(b).where(b.c.id == batch_id).values(reserved=0))
+            await conn.execute(
+                update(t.orgs)
+                .where(t.orgs.c.id == row.org_id)
+                .values(reserved=t.orgs.c.reserved - row.reserved)
+            )

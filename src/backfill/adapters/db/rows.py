@@ -1,0 +1,63 @@
+"""Rows as records, and the few column lists and constants the queries share."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Any
+
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.money import Prices
+from backfill.ports import (
+    BatchRecord,
+    FileRecord,
+)
+
+BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
+FILE_FIELDS = [f.name for f in fields(FileRecord)]
+
+TERMINAL = [
+    BatchStatus.COMPLETED.value,
+    BatchStatus.FAILED.value,
+    BatchStatus.EXPIRED.value,
+    BatchStatus.CANCELLED.value,
+]
+
+
+def prices_of(row: Any) -> Prices | None:
+    """Prices stored in a row's price_* columns, or None where the row has none."""
+    if row.price_input is None or row.price_output is None:
+        return None
+    return Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+
+
+def model_of(row: Any) -> CatalogModel:
+    return CatalogModel(
+        id=row.id,
+        model_config_id=row.model_config_id,
+        context_length=row.context_length,
+        max_output_tokens=row.max_output_tokens,
+        modalities=frozenset(row.modalities.split(",")),
+        prices=prices_of(row),
+        owner_org_id=row.owner_org_id,
+        gpu_count=row.gpu_count,
+        microusd_per_gpu_second=row.microusd_per_gpu_second,
+        throughput_tokens_per_s=row.throughput_tokens_per_s,
+    )
+
+
+def batch_of(row: Any) -> BatchRecord:
+    data = dict(row._mapping)
+    return BatchRecord(**{k: data[k] for k in BATCH_FIELDS})
+
+
+def file_of(row: Any) -> FileRecord:
+    data = dict(row._mapping)
+    return FileRecord(**{k: data[k] for k in FILE_FIELDS})
+
+
+def file_values(record: FileRecord) -> dict[str, Any]:
+    values = {k: getattr(record, k) for k in FILE_FIELDS}
+    values["seq"] = time.time_ns()
+    return values
