@@ -28,6 +28,11 @@ class EngineSlot:
         return max(0, self.engine.max_concurrency - self.in_flight) if self.healthy else 0
 
     @property
+    def claim_threshold(self) -> int:
+        """Claim once this many items are wanted: fewer, larger claims cost less CPU."""
+        return max(1, self.prefetch // 2)
+
+    @property
     def wanted(self) -> int:
         """How many more items to claim for this engine now."""
         if not self.healthy:

@@ -196,7 +196,7 @@ class Worker:
         return [b for b in self._batches if b.expires_at > now]
 
     async def dispatch_once(self) -> int:
-        slots = [s for s in self._pool.slots if s.wanted > 0]
+        slots = [s for s in self._pool.slots if s.wanted >= s.claim_threshold]
         if not slots:
             return 0
         now = self._clock.now()
