@@ -20,6 +20,7 @@ class ResultWriter:
         self._pending: list[tuple[ItemResult, asyncio.Future[bool]]] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.written = 0
 
     def start(self) -> None:
@@ -33,7 +34,7 @@ class ResultWriter:
         return await future
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await self._wakeup.wait()
             # A short pause lets results that finish together share one commit.
             await asyncio.sleep(self._flush_s)
@@ -58,8 +59,14 @@ class ResultWriter:
             future.set_result(ok)
 
     async def stop(self) -> None:
+        # The loop ends after the write it is in; cancelling it could cut a statement short.
+        self._stopping = True
+        self._wakeup.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            try:
+                await asyncio.wait_for(self._task, 10)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
         await self.flush()

@@ -101,6 +101,9 @@ class Worker:
         self._batches: list[BatchRecord] = []
         self._batches_read_at = float("-inf")
         self._background: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        # Orgs whose GPU-time batches wait for credit (SPEC §7.4).
+        self._paused_orgs: set[str] = set()
         self._org_turn = 0
 
     def set_output_ttl(self, seconds: int) -> None:
@@ -122,7 +125,12 @@ class Worker:
             self._loops.append(asyncio.create_task(self._guard(name, loop), name=name))
 
     async def stop(self) -> None:
-        for task in self._loops:
+        # Loops finish the statement they are in: a statement cut short by cancellation can
+        # leave SQLite locked for the next process on the same data directory.
+        self._stopping.set()
+        self._freed.set()
+        _, late = await asyncio.wait(self._loops, timeout=10) if self._loops else (set(), set())
+        for task in late:
             task.cancel()
         running = [t for tasks in self._tasks.values() for t in tasks]
         for task in running:
@@ -147,19 +155,29 @@ class Worker:
         ]
 
     async def charge_gpu_time(self) -> None:
+        charged = set()
         for receipt in self._meter.take():
             await self._store.charge_gpu_time(receipt)
+            charged.add(receipt.org_id)
+        if charged:
+            balances = await self._store.balances(sorted(charged))
+            self._paused_orgs |= {org for org, balance in balances.items() if balance <= 0}
 
     async def _guard(self, name: str, loop: Any) -> None:
         """Keep a loop alive through unexpected errors (the database may blip)."""
-        while True:
+        while not self._stopping.is_set():
             try:
                 await loop()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("worker %s loop failed; restarting it", name)
-                await asyncio.sleep(1.0)
+                await self._pause(1.0)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once when the worker stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _resume_validating(self) -> None:
         """Finish creations a crash interrupted between the batch row and its items."""
@@ -173,7 +191,7 @@ class Worker:
     # ---- dispatch -------------------------------------------------------------------
 
     async def _dispatch_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             self._freed.clear()
             if await self.dispatch_once():
                 continue
@@ -205,9 +223,12 @@ class Worker:
         metered = {b.org_id for b in batches if b.billing == "gpu_time"}
         if metered:
             balances = await self._store.balances(sorted(metered))
+            self._paused_orgs = {org for org in metered if balances.get(org, 0) <= 0}
             batches = [
-                b for b in batches if b.billing != "gpu_time" or balances.get(b.org_id, 0) > 0
+                b for b in batches if b.billing != "gpu_time" or b.org_id not in self._paused_orgs
             ]
+        else:
+            self._paused_orgs = set()
         claimed = 0
         for slot in slots:
             candidates = [b for b in batches if slot.engine.serves(b.model)]
@@ -243,10 +264,20 @@ class Worker:
         return claimed
 
     def _start_backlog(self, slot: EngineSlot) -> None:
+        if self._paused_orgs:
+            self._drop_backlog(slot, self._is_paused)
         while slot.free > 0 and slot.backlog:
             batch, item = slot.backlog.popleft()
             slot.in_flight += 1
             self._spawn(slot, batch, item)
+
+    def _is_paused(self, batch_id: str) -> bool:
+        batch = next((b for b in self._batches if b.id == batch_id), None)
+        return (
+            batch is not None
+            and batch.billing == "gpu_time"
+            and (batch.org_id in self._paused_orgs)
+        )
 
     def _drop_backlog(self, slot: EngineSlot, stop: Callable[[str], bool]) -> None:
         """Give back claimed, unstarted items of batches that must not start more work."""
@@ -421,15 +452,15 @@ class Worker:
     # ---- leases ---------------------------------------------------------------------
 
     async def _lease_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.lease_s / 3)
+        while not self._stopping.is_set():
+            await self._pause(self._config.lease_s / 3)
             await self._store.renew_leases(self._token, self._clock.now() + self._config.lease_s)
 
     # ---- lifecycle ------------------------------------------------------------------
 
     async def _lifecycle_loop(self) -> None:
         last_charge = last_sweep = self._clock.now()
-        while True:
+        while not self._stopping.is_set():
             await self.lifecycle_once()
             now = self._clock.now()
             if now - last_charge >= self._config.gpu_time_flush_s:
@@ -438,7 +469,7 @@ class Worker:
             if now - last_sweep >= self._config.janitor_interval_s:
                 last_sweep = now
                 await self._janitor.sweep()
-            await asyncio.sleep(self._config.lifecycle_interval_s)
+            await self._pause(self._config.lifecycle_interval_s)
 
     async def lifecycle_once(self) -> None:
         now = self._clock.now()
