@@ -163,6 +163,14 @@ class LineValidator:
         prompt_bound = 0
         max_output = 0
         line_no = first_line_no - 1
+        # What the lines so far agreed on, as locals: the slow path refreshes them.
+        model, model_name, endpoint, chat = (
+            self._model,
+            self._model_name,
+            self._endpoint,
+            self._chat,
+        )
+        max_tokens = model.max_output_tokens if model else 0
         for raw in lines:
             line_no += 1
             try:
@@ -177,29 +185,30 @@ class LineValidator:
             limit = body.max_completion_tokens
             if limit is None:
                 limit = body.max_tokens
-            model = self._model
             if (
                 model is None
                 or len(seen) == before
                 or not cid
                 or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
                 or req.method != "POST"
-                or req.url != self._endpoint
-                or body.model != self._model_name
+                or req.url != endpoint
+                or body.model != model_name
                 or body.stream
                 or limit is None
-                or not 0 < limit <= model.max_output_tokens
-                or (messages is None if self._chat else body.prompt is None)
+                or not 0 < limit <= max_tokens
+                or (messages is None if chat else body.prompt is None)
             ):
                 if len(seen) != before:
                     seen.discard(cid)
                 model = self._check_request(req, line_no)
+                model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
+                max_tokens = model.max_output_tokens
             elif messages:
                 for message in messages:
                     if message.role not in roles or message.content.__class__ is list:
                         self._check_messages(messages, model, line_no)
                         break
-            elif self._chat:
+            elif chat:
                 self._check_messages(messages, model, line_no)
             bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
             context = model.context_length
