@@ -84,7 +84,14 @@ def serve(config: Path, role: str, port: int | None = None) -> subprocess.Popen[
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def drain(config: Path, workers: int, source: Path, total: int) -> float:
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def drain(config: Path, workers: int, source: Path, total: int) -> tuple[float, float]:
     port = free_port()
     api = serve(config, "api", port)
     procs = [api]
@@ -101,6 +108,7 @@ def drain(config: Path, workers: int, source: Path, total: int) -> float:
         uploaded.raise_for_status()
         procs += [serve(config, "worker") for _ in range(workers)]
         time.sleep(3)  # let the workers start and see their engine healthy
+        busy_before, total_before = machine_busy()
         start = time.perf_counter()
         batch = client.post(
             "/v1/batches",
@@ -114,8 +122,9 @@ def drain(config: Path, workers: int, source: Path, total: int) -> float:
             time.sleep(0.1)
             batch = client.get(f"/v1/batches/{batch['id']}").json()
         elapsed = time.perf_counter() - start
+        busy_after, total_after = machine_busy()
         assert batch["request_counts"]["completed"] == total, batch
-        return elapsed
+        return elapsed, (busy_after - busy_before) / max(total_after - total_before, 1)
     finally:
         for process in procs:
             stop(process)
@@ -127,7 +136,7 @@ def main() -> None:
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     args = parser.parse_args()
     sim, sim_url = start_simulator("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
-    results: dict[int, float] = {}
+    results: dict[int, tuple[float, float]] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -143,12 +152,12 @@ def main() -> None:
                 results[workers] = drain(config, workers, source, args.requests)
     finally:
         stop(sim)
-    base = results[1]
+    base = results[1][0]
     print(f"{args.requests} requests on PostgreSQL, simulated engine (5 ms), 64 in flight/worker")
-    for workers, elapsed in results.items():
+    for workers, (elapsed, busy) in results.items():
         print(
             f"{workers} worker(s): {elapsed:6.2f} s  {args.requests / elapsed:7.1f} req/s  "
-            f"{base / elapsed:.2f}x"
+            f"{base / elapsed:.2f}x  machine CPU busy {busy:.0%}"
         )
 
 
