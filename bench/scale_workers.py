@@ -23,10 +23,10 @@ import asyncpg
 import httpx
 
 from bench.common import (
-    MODEL,
     free_port,
     multipart,
     request_line,
+    sim_config,
     start_simulator,
     stop,
     wait_http,
@@ -43,28 +43,10 @@ async def fresh_database(admin_url: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-def config_text(db: str, storage: Path, sim_url: str) -> str:
+def write_config(path: Path, db: str, storage: Path, sim_url: str) -> None:
     key = base64.b64encode(os.urandom(32)).decode()
-    return f"""
-database_url = "{db}"
-storage_url = "file://{storage}"
-master_key = "{key}"
-local_engine = false
-max_unfinished_batches = 100
-
-[[models]]
-id = "{MODEL}"
-model_config_id = "sim-model-v1"
-context_length = 8192
-max_output_tokens = 4096
-batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
-
-[[engines]]
-name = "sim"
-base_url = "{sim_url}"
-models = ["{MODEL}"]
-max_concurrency = 64
-"""
+    extra = f'database_url = "{db}"\nstorage_url = "file://{storage}"\nmaster_key = "{key}"\n'
+    sim_config(path, sim_url, 64, extra)
 
 
 def cli(config: Path, *args: str) -> str:
@@ -145,7 +127,7 @@ def main() -> None:
             for workers in (1, 2, 3):
                 db = asyncio.run(fresh_database(args.pg))
                 config = work / f"w{workers}.toml"
-                config.write_text(config_text(db, work / f"blobs{workers}", sim_url))
+                write_config(config, db, work / f"blobs{workers}", sim_url)
                 cli(config, "db", "upgrade")
                 cli(config, "admin", "org", "create", "bench")
                 cli(config, "admin", "credit", "add", "--org", "bench", "--usd", "1000")

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from tests.support import (
-    SIM_MODEL,
     SimulatorProcess,
     chat_line,
     create_pg_database,
@@ -27,6 +26,7 @@ from tests.support import (
     new_bucket,
     start_simulator_process,
     wait_http,
+    write_sim_config,
 )
 
 REQUESTS = 5000
@@ -53,33 +53,18 @@ def fast_sim() -> Iterator[SimulatorProcess]:
 def _config(tmp_path: Path, pg_url: str, sim_url: str) -> Path:
     config = tmp_path / "scale-out.toml"
     key = base64.b64encode(os.urandom(32)).decode()
-    config.write_text(
-        f"""
+    write_sim_config(
+        config,
+        sim_url,
+        max_concurrency=24,
+        extra=f"""
 database_url = "{pg_url}"
 storage_url = "s3://{new_bucket()}/backfill"
 s3_endpoint_url = "{moto_endpoint()}"
 s3_access_key_id = "testing"
 s3_secret_access_key = "testing"
 master_key = "{key}"
-local_engine = false
-lease_s = 3.0
-retry_base_s = 0.01
-retry_max_s = 0.2
-
-[[models]]
-id = "{SIM_MODEL}"
-model_config_id = "sim-model-v1"
-context_length = 4096
-max_output_tokens = 1024
-batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
-
-[[engines]]
-name = "sim"
-base_url = "{sim_url}"
-models = ["{SIM_MODEL}"]
-max_concurrency = 24
-request_timeout_s = 5.0
-"""
+""",
     )
     return config
 
