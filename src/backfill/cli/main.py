@@ -44,6 +44,8 @@ def _logging(level: str) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # Migration chatter ("Context impl SQLiteImpl") is noise at every start.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def _lock(data_dir: Path) -> int:
