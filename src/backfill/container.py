@@ -21,6 +21,7 @@ from backfill.adapters.http.deps import Services
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
+from backfill.metrics import Metrics
 from backfill.ports import BlobStore, Clock, Engine
 from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
@@ -28,6 +29,7 @@ from backfill.services.batches import BatchService, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
+from backfill.services.operations import Operations
 from backfill.services.tenants import TenantService
 from backfill.settings import LOCAL_MODEL, ModelSettings, Settings
 
@@ -188,8 +190,15 @@ def build(
         idempotency_required=settings.idempotency_required,
         limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
     )
+    metrics = Metrics()
+    operations = Operations(store, metrics)
     services = Services(
-        TenantService(store, clock), files, batches, catalog, BillingService(store, clock)
+        TenantService(store, clock),
+        files,
+        batches,
+        catalog,
+        BillingService(store, clock),
+        operations,
     )
     worker: Worker | None = None
     processes: list[ManagedProcess] = []
@@ -217,7 +226,9 @@ def build(
                 janitor_interval_s=settings.janitor_interval_s,
             ),
             catalog,
+            metrics,
         )
+        operations.observers.append(worker.observe)
         worker.set_output_ttl(settings.output_file_ttl_s)
         batches.created_listeners.append(worker.note_created)
         batches.cancel_listeners.append(worker.stop_starting)

@@ -364,6 +364,14 @@ class Store(Protocol):
 
     async def live_leases(self, batch_id: str, now: float) -> int: ...
 
+    async def gauges(self) -> tuple[dict[str, int], int]:
+        """(batches by status, requests of unfinished batches not yet done), for metrics."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise when the database cannot be reached."""
+        ...
+
     async def close_unfinished(self, batch_id: str, error_code: str) -> int:
         """Mark every unfinished item of a batch failed with ``error_code``; fences late writers."""
         ...

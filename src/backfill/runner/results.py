@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from backfill.metrics import Metrics
 from backfill.ports import ItemResult, Store
 
 log = logging.getLogger("backfill.runner")
@@ -14,8 +15,9 @@ log = logging.getLogger("backfill.runner")
 class ResultWriter:
     """Collects results and writes them together; ``put`` returns once its result is durable."""
 
-    def __init__(self, store: Store, flush_s: float) -> None:
+    def __init__(self, store: Store, flush_s: float, metrics: Metrics) -> None:
         self._store = store
+        self._metrics = metrics
         self._flush_s = flush_s
         self._pending: list[tuple[ItemResult, asyncio.Future[bool]]] = []
         self._wakeup = asyncio.Event()
@@ -55,8 +57,13 @@ class ResultWriter:
     async def _write(self, batch: list[tuple[ItemResult, asyncio.Future[bool]]]) -> None:
         accepted = await self._store.write_results([r for r, _ in batch])
         self.written += sum(accepted)
-        for (_, future), ok in zip(batch, accepted, strict=True):
+        for (result, future), ok in zip(batch, accepted, strict=True):
             future.set_result(ok)
+            if ok:
+                self._metrics.results.labels("ok" if result.ok else "error").inc()
+                if result.ok:
+                    self._metrics.tokens.labels("input").inc(result.input_tokens)
+                    self._metrics.tokens.labels("output").inc(result.output_tokens)
 
     async def stop(self) -> None:
         # The loop ends after the write it is in; cancelling it could cut a statement short.

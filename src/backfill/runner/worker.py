@@ -18,6 +18,7 @@ from backfill.domain import ids
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
+from backfill.metrics import Metrics
 from backfill.ports import (
     BatchRecord,
     BlobStore,
@@ -80,9 +81,11 @@ class Worker:
         clock: Clock,
         config: WorkerConfig,
         catalog: Catalog,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
         self._catalog = catalog
+        self._metrics = metrics or Metrics()
         self._meter = GpuMeter(clock)
         self._janitor = Janitor(store, files, clock)
         self._blobs = blobs
@@ -93,7 +96,7 @@ class Worker:
         self._clock = clock
         self._config = config
         self._token = ids.lease_token()
-        self._results = ResultWriter(store, config.result_flush_s)
+        self._results = ResultWriter(store, config.result_flush_s, self._metrics)
         self._finalizer = Finalizer(store, blobs, sealer, clock, output_ttl_s=7 * 24 * 3600)
         self._tasks: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
         self._loops: list[asyncio.Task[None]] = []
@@ -142,6 +145,11 @@ class Worker:
         await self._results.stop()
         await self.charge_gpu_time()
         await self._pool.stop()
+
+    def observe(self) -> None:
+        """Refresh the gauges the worker alone knows (scraped with /metrics)."""
+        for slot in self._pool.slots:
+            self._metrics.in_flight.labels(slot.engine.name).set(slot.in_flight)
 
     def engine_status(self) -> list[dict[str, Any]]:
         return [
@@ -385,6 +393,8 @@ class Worker:
         while True:
             attempt += 1
             retry_after: float | None = None
+            started = time.monotonic()
+            reason = "timeout"
             try:
                 reply = await engine.send(batch.endpoint, batch.model, body)
             except EngineTimeout:
@@ -393,6 +403,7 @@ class Worker:
                     error_row(item.custom_id, "request_timeout", ERROR_MESSAGES["request_timeout"]),
                 )
             except EngineUnreachable:
+                reason = "unreachable"
                 if not await self._pool.check(slot):
                     return None
                 final = _Outcome(
@@ -402,6 +413,8 @@ class Worker:
                     ),
                 )
             else:
+                self._metrics.latency.labels(engine.name).observe(time.monotonic() - started)
+                reason = str(reply.status)
                 if reply.status == 200:
                     return self._success(batch, item, reply.body)
                 final = _Outcome(
@@ -417,6 +430,7 @@ class Worker:
                 self._clock.now() + delay >= batch.expires_at
             ):
                 return final
+            self._metrics.retries.labels(engine.name, reason).inc()
             await asyncio.sleep(delay)
 
     def _success(self, batch: BatchRecord, item: ClaimedItem, raw: bytes) -> _Outcome:

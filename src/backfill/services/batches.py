@@ -194,7 +194,7 @@ class BatchService:
                 code="missing_required_parameter",
             )
         endpoint = request.get("endpoint")
-        if endpoint not in ENDPOINTS:
+        if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
             raise _bad(
                 f"'endpoint' must be one of {sorted(ENDPOINTS)} (it is {endpoint!r}).", "endpoint"
             )

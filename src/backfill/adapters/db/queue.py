@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
+    TERMINAL,
     file_values,
     prices_of,
 )
@@ -271,6 +272,24 @@ class QueueQueries(SqlBase):
                     )
                 ).scalar_one()
             )
+
+    async def gauges(self) -> tuple[dict[str, int], int]:
+        b, i = t.batches, t.items
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(b.c.status, func.count()).group_by(b.c.status))).all()
+            depth = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(i)
+                    .join(b, b.c.id == i.c.batch_id)
+                    .where(b.c.status.not_in(TERMINAL), i.c.state != ItemState.DONE)
+                )
+            ).scalar_one()
+        return {status: int(count) for status, count in rows}, int(depth)
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(select(1))
 
     async def close_unfinished(self, batch_id: str, error_code: str) -> int:
         i = t.items

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from backfill import __version__
 from backfill.adapters.http.admin import router as admin_router
@@ -51,5 +51,18 @@ def create_app(
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        if await services.operations.ready():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready", "reason": "database unreachable"}, 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(
+            await services.operations.render_metrics(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
 
     return app

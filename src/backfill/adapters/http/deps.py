@@ -10,6 +10,7 @@ from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
+from backfill.services.operations import Operations
 from backfill.services.tenants import Principal, TenantService
 
 
@@ -20,6 +21,7 @@ class Services:
     batches: BatchService
     catalog: CatalogService
     billing: BillingService
+    operations: Operations
 
 
 def services(request: Request) -> Services:

@@ -1,0 +1,42 @@
+"""Prometheus metrics (SPEC §11.5): counts and timings only, never content."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    """One registry per process, passed explicitly (no module-level state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.results = Counter(
+            "backfill_results", "Request results stored, by outcome.", ["outcome"], registry=r
+        )
+        self.tokens = Counter(
+            "backfill_tokens", "Tokens of stored successful results.", ["kind"], registry=r
+        )
+        self.retries = Counter(
+            "backfill_engine_retries",
+            "Engine attempts retried, by reason.",
+            ["engine", "reason"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "backfill_engine_latency_seconds",
+            "Time of one engine attempt.",
+            ["engine"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "backfill_engine_in_flight", "Requests in flight per engine.", ["engine"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "backfill_queue_depth", "Requests of unfinished batches not yet done.", registry=r
+        )
+        self.batches = Gauge("backfill_batches", "Batches by status.", ["status"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
