@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import uvicorn
@@ -32,11 +32,11 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 
-def _settings(config: Path | None, **overrides: object) -> Settings:
+def _settings(config: Path | None, **overrides: Any) -> Settings:
     if config is not None:
         os.environ["BACKFILL_CONFIG"] = str(config)
-    values = {k: v for k, v in overrides.items() if v is not None}
-    return Settings(**values)  # type: ignore[arg-type]
+    # Through __init__, not model_validate: only __init__ reads the TOML file and environment.
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
 def _logging(level: str) -> None:

@@ -24,7 +24,11 @@ class _Part:
         self.value = bytearray()
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.header_field.clear()
+        self.headers.clear()
+        self.name = ""
+        self.is_file = False
+        self.value.clear()
 
 
 async def stream_form(
