@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import orjson
@@ -404,17 +404,23 @@ PG_ADMIN_URL = os.environ.get("BACKFILL_TEST_PG", "postgresql://postgres@127.0.0
 S3_CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
 
 
+def missing_infrastructure(what: str) -> NoReturn:
+    """Fail in CI, which must provide ``what``; elsewhere skip, saying so loudly."""
+    import pytest
+
+    if os.environ.get("CI"):
+        raise RuntimeError(f"CI must provide this: {what}")
+    pytest.skip(f"MISSING INFRASTRUCTURE (CI provides it): {what}")
+
+
 async def create_pg_database() -> str:
     """A fresh, empty PostgreSQL database; skips (or fails in CI) when there is no server."""
     import asyncpg
-    import pytest
 
     try:
         conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
     except (OSError, asyncpg.PostgresError) as exc:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI must provide PostgreSQL at {PG_ADMIN_URL}: {exc}") from exc
-        pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); CI provides it")
+        missing_infrastructure(f"PostgreSQL at {PG_ADMIN_URL} ({exc})")
     name = f"bf_test_{os.urandom(6).hex()}"
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')

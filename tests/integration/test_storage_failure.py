@@ -5,8 +5,8 @@
     ``OSError(EIO)``. The upload must answer an OpenAI envelope (503 ``storage_unavailable``,
     ``x-should-retry: true``), leave no visible file and no stored bytes, and the server must
     keep serving: once the disk has room again, the next upload works.
-(b) The same against a real, tiny tmpfs mounted for the test (skipped where mounting is not
-    allowed).
+(b) The same against a real, tiny tmpfs mounted for the test (where mounting is not allowed:
+    a failure in CI, a loud skip elsewhere).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore, RawWriter
 from backfill.adapters.engines.simulator import Simulator
 from backfill.settings import Settings
-from tests.support import InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import InProcess, chat_line, in_process_backfill, jsonl, missing_infrastructure
 
 Sim = tuple[str, Simulator]
 
@@ -196,7 +196,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here ({exc}); (a) covers the faulty-store case")
+        missing_infrastructure(f"a tmpfs mount, which needs root ({exc})")
     try:
         yield mount_point
     finally:
