@@ -76,13 +76,6 @@ class StorageError(BackfillError):
     retryable = True
 
 
-class LeaseLost(BackfillError):
-    """A worker tried to write a result for an item whose lease it no longer holds."""
-
-    status = 409
-    code = "lease_lost"
-
-
 class PaymentRequired(BackfillError):
     status = 402
     code = "insufficient_credit"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -158,10 +158,3 @@ class Settings(BaseSettings):
                 )
             )
         return models
-
-
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Read settings, with ``config_file`` (TOML) taking the place of ``BACKFILL_CONFIG``."""
-    if config_file is not None:
-        os.environ["BACKFILL_CONFIG"] = str(config_file)
-    return Settings(**overrides)

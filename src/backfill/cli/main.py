@@ -201,3 +201,26 @@ def db_upgrade(
 
     asyncio.run(upgrade())
     typer.echo("The database schema is up to date.")
+
+
+@db_app.command("revision")
+def db_revision(
+    message: Annotated[str, typer.Option("--message", "-m", help="What the migration does.")],
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+) -> None:
+    """Write a new migration from the difference between the tables and the database."""
+    from backfill.adapters.db.engine import SqlBase
+    from backfill.adapters.db.migrate import revision
+
+    settings = _settings(config)
+
+    async def write() -> None:
+        db = SqlBase(settings.resolved_database_url)
+        try:
+            await db.init()
+            async with db.engine.begin() as conn:
+                await conn.run_sync(revision, message)
+        finally:
+            await db.close()
+
+    asyncio.run(write())

@@ -210,6 +210,8 @@ class LineValidator:
                         break
             elif chat:
                 self._check_messages(messages, model, line_no)
+            # An upper bound on prompt tokens without a tokenizer: a token of text covers at
+            # least one byte of the line, and a chat template adds a few tokens per message.
             bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
             context = model.context_length
             prompt_bound += bound if bound < context else context

@@ -31,23 +31,6 @@ TIMESTAMP_OF = {
     BatchStatus.CANCELLED: "cancelled_at",
 }
 
-_ALLOWED: dict[BatchStatus, frozenset[BatchStatus]] = {
-    BatchStatus.VALIDATING: frozenset(
-        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
-    ),
-    BatchStatus.IN_PROGRESS: frozenset(
-        {BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.EXPIRED, BatchStatus.FAILED}
-    ),
-    BatchStatus.FINALIZING: frozenset(
-        {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
-    ),
-    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED, BatchStatus.FAILED}),
-}
-
-
-def can_transition(current: BatchStatus, target: BatchStatus) -> bool:
-    return target in _ALLOWED.get(current, frozenset())
-
 
 class ItemState:
     """States of one request line of a batch (small ints: they are stored per row)."""

@@ -72,12 +72,3 @@ def pico_to_usd(pico: int) -> str:
     whole, frac = divmod(abs(pico), PICO_PER_USD)
     text = f"{whole}.{frac:012d}".rstrip("0").rstrip(".")
     return sign + text if "." in text else f"{sign}{whole}"
-
-
-def prompt_token_bound(line_bytes: int, messages: int) -> int:
-    """An upper bound on a request's prompt tokens without a tokenizer.
-
-    Every token of text covers at least one byte of UTF-8, and a chat template adds a few
-    special tokens per message; the JSON line's length bounds the text it carries.
-    """
-    return line_bytes + 8 * (messages + 1)

@@ -23,7 +23,6 @@ class ResultWriter:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self.written = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="result-writer")
@@ -56,7 +55,6 @@ class ResultWriter:
 
     async def _write(self, batch: list[tuple[ItemResult, asyncio.Future[bool]]]) -> None:
         accepted = await self._store.write_results([r for r, _ in batch])
-        self.written += sum(accepted)
         for (result, future), ok in zip(batch, accepted, strict=True):
             future.set_result(ok)
             if ok:

@@ -7,7 +7,6 @@ the upload completes, so readers never see a partial blob.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -182,12 +181,3 @@ class S3RawStore:
         client = await self.client()
         with contextlib.suppress(ClientError):
             await client.delete_object(Bucket=self.location.bucket, Key=self.location.key(key))
-
-    async def keys(self) -> AsyncIterator[str]:
-        """Every blob name under the prefix (for audits and tests)."""
-        client = await self.client()
-        paginator = client.get_paginator("list_objects_v2")
-        prefix = self.location.key("")
-        async for page in paginator.paginate(Bucket=self.location.bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                yield item["Key"][len(prefix) :]

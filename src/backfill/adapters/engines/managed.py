@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import aiohttp
-
 log = logging.getLogger("backfill.engine")
 
 
@@ -71,7 +69,6 @@ class ManagedProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self.restarts = 0
 
     @property
     def base_url(self) -> str:
@@ -98,23 +95,9 @@ class ManagedProcess:
             code = await self._process.wait()
             if self._stopping:
                 return
-            self.restarts += 1
             log.warning("engine %s exited with %s; restarting in %.0fs", self.name, code, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
-
-    async def wait_healthy(self, timeout_s: float = 120.0) -> bool:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        async with aiohttp.ClientSession() as session:
-            while asyncio.get_running_loop().time() < deadline:
-                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                    async with session.get(
-                        f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=2)
-                    ) as r:
-                        if r.status == 200:
-                            return True
-                await asyncio.sleep(0.25)
-        return False
 
     async def stop(self) -> None:
         self._stopping = True
