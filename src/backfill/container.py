@@ -31,7 +31,7 @@ from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.operations import Operations
 from backfill.services.tenants import TenantService
-from backfill.settings import LOCAL_MODEL, ModelSettings, Settings
+from backfill.settings import LOCAL_CONTEXT, LOCAL_ENGINE, LOCAL_MODEL, ModelSettings, Settings
 
 log = logging.getLogger("backfill")
 
@@ -128,13 +128,13 @@ def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess]]:
     processes: list[ManagedProcess] = []
     if settings.local_engine:
         process = ManagedProcess(
-            "local-llama-cpp",
-            llama_cpp_command(LOCAL_MODEL, n_ctx=2048, parallel=1),
+            LOCAL_ENGINE,
+            llama_cpp_command(LOCAL_MODEL, n_ctx=LOCAL_CONTEXT, parallel=1),
         )
         processes.append(process)
         engines.append(
             OpenAIHttpEngine(
-                "local-llama-cpp",
+                LOCAL_ENGINE,
                 process.base_url,
                 {LOCAL_MODEL: LOCAL_MODEL},
                 max_concurrency=settings.local_engine_concurrency,

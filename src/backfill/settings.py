@@ -15,6 +15,8 @@ from pydantic_settings import (
 )
 
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+LOCAL_ENGINE = "local-llama-cpp"
+LOCAL_CONTEXT = 2048
 
 
 class PricingSettings(BaseModel):
@@ -152,8 +154,8 @@ class Settings(BaseSettings):
                 ModelSettings(
                     id=LOCAL_MODEL,
                     model_config_id="smollm2-135m-instruct-q4_1",
-                    context_length=2048,
-                    max_output_tokens=2048,
+                    context_length=LOCAL_CONTEXT,
+                    max_output_tokens=LOCAL_CONTEXT,
                     batch=PricingSettings(input=10_000, cached_input=5_000, output=20_000),
                 )
             )

@@ -14,7 +14,7 @@ import typer
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
 from backfill.errors import BackfillError
-from backfill.settings import Settings
+from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL, Settings
 
 if TYPE_CHECKING:
     from backfill.container import Backfill
@@ -236,7 +236,5 @@ def engine_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
         for e in settings.engines
     ]
     if settings.local_engine:
-        lines.insert(
-            0, "local-llama-cpp  managed llama.cpp  models HuggingFaceTB/SmolLM2-135M-Instruct"
-        )
+        lines.insert(0, f"{LOCAL_ENGINE}  managed llama.cpp  models {LOCAL_MODEL}")
     typer.echo("\n".join(lines) or "No engines configured.")

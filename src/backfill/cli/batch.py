@@ -25,9 +25,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from backfill.domain.lifecycle import TERMINAL
+
 app = typer.Typer(help="Run and inspect batches.", no_args_is_help=True)
 console = Console(stderr=True)
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 BaseUrl = Annotated[
     str, typer.Option(envvar="BACKFILL_BASE_URL", help="API base URL, ending in /v1.")

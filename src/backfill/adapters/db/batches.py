@@ -105,21 +105,12 @@ class BatchQueries(SqlBase):
             )
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None:
-        terminal = [
-            s.value
-            for s in (
-                BatchStatus.COMPLETED,
-                BatchStatus.FAILED,
-                BatchStatus.EXPIRED,
-                BatchStatus.CANCELLED,
-            )
-        ]
         async with self.engine.connect() as conn:
             return (
                 await conn.execute(
                     select(t.batches.c.id)
                     .where(t.batches.c.input_file_id == file_id)
-                    .where(t.batches.c.status.not_in(terminal))
+                    .where(t.batches.c.status.not_in(TERMINAL))
                     .limit(1)
                 )
             ).scalar()

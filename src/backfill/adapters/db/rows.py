@@ -6,8 +6,8 @@ import time
 from dataclasses import fields
 from typing import Any
 
+from backfill.domain import lifecycle
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
 from backfill.ports import (
     BatchRecord,
@@ -17,12 +17,8 @@ from backfill.ports import (
 BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
 FILE_FIELDS = [f.name for f in fields(FileRecord)]
 
-TERMINAL = [
-    BatchStatus.COMPLETED.value,
-    BatchStatus.FAILED.value,
-    BatchStatus.EXPIRED.value,
-    BatchStatus.CANCELLED.value,
-]
+# The terminal statuses as plain strings, for SQL ``IN`` clauses.
+TERMINAL = sorted(status.value for status in lifecycle.TERMINAL)
 
 
 def prices_of(row: Any) -> Prices | None:
