@@ -224,12 +224,12 @@ def build(
                 sole_worker=role == "all" and store.is_sqlite,
                 gpu_time_flush_s=settings.gpu_time_flush_s,
                 janitor_interval_s=settings.janitor_interval_s,
+                output_ttl_s=settings.output_file_ttl_s,
             ),
             catalog,
             metrics,
         )
         operations.observers.append(worker.observe)
-        worker.set_output_ttl(settings.output_file_ttl_s)
         batches.created_listeners.append(worker.note_created)
         batches.cancel_listeners.append(worker.stop_starting)
     return Backfill(settings, store, blobs, services, worker, processes)

@@ -17,7 +17,11 @@ class ResultWriter:
 
     def __init__(self, store: Store, flush_s: float, metrics: Metrics) -> None:
         self._store = store
-        self._metrics = metrics
+        # Labelled children resolved once: this runs for every stored result.
+        self._ok = metrics.results.labels("ok")
+        self._failed = metrics.results.labels("error")
+        self._tokens_in = metrics.tokens.labels("input")
+        self._tokens_out = metrics.tokens.labels("output")
         self._flush_s = flush_s
         self._pending: list[tuple[ItemResult, asyncio.Future[bool]]] = []
         self._wakeup = asyncio.Event()
@@ -57,11 +61,14 @@ class ResultWriter:
         accepted = await self._store.write_results([r for r, _ in batch])
         for (result, future), ok in zip(batch, accepted, strict=True):
             future.set_result(ok)
-            if ok:
-                self._metrics.results.labels("ok" if result.ok else "error").inc()
-                if result.ok:
-                    self._metrics.tokens.labels("input").inc(result.input_tokens)
-                    self._metrics.tokens.labels("output").inc(result.output_tokens)
+            if not ok:
+                continue
+            if result.ok:
+                self._ok.inc()
+                self._tokens_in.inc(result.input_tokens)
+                self._tokens_out.inc(result.output_tokens)
+            else:
+                self._failed.inc()
 
     async def stop(self) -> None:
         # The loop ends after the write it is in; cancelling it could cut a statement short.

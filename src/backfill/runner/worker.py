@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from backfill.domain import ids
+from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
@@ -53,6 +54,7 @@ class WorkerConfig:
     lifecycle_interval_s: float = 0.2
     gpu_time_flush_s: float = 1.0
     janitor_interval_s: float = 60.0
+    output_ttl_s: int = 7 * 24 * 3600
     dispatch_gather_s: float = 0.005
     batch_refresh_s: float = 0.25
     # Only a worker that is alone on its database may take back every lease at start.
@@ -97,7 +99,7 @@ class Worker:
         self._config = config
         self._token = ids.lease_token()
         self._results = ResultWriter(store, config.result_flush_s, self._metrics)
-        self._finalizer = Finalizer(store, blobs, sealer, clock, output_ttl_s=7 * 24 * 3600)
+        self._finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s)
         self._tasks: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
@@ -107,12 +109,8 @@ class Worker:
         self._stopping = asyncio.Event()
         # Orgs whose GPU-time batches wait for credit (SPEC §7.4).
         self._paused_orgs: set[str] = set()
+        self._deployments: dict[str, CatalogModel | None] = {}
         self._org_turn = 0
-
-    def set_output_ttl(self, seconds: int) -> None:
-        self._finalizer = Finalizer(
-            self._store, self._blobs, self._sealer, self._clock, output_ttl_s=seconds
-        )
 
     async def start(self) -> None:
         if self._config.sole_worker:
@@ -140,7 +138,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._loops, *running, return_exceptions=True)
         for slot in self._pool.slots:
-            self._drop_backlog(slot, lambda _: True)
+            self._drop_backlog(slot, lambda _batch: True)
         await asyncio.gather(*self._background, return_exceptions=True)
         await self._results.stop()
         await self.charge_gpu_time()
@@ -218,7 +216,7 @@ class Worker:
             self._batches_read_at = time.monotonic()
             live = {b.id for b in self._batches}
             for slot in self._pool.slots:
-                self._drop_backlog(slot, lambda batch_id: batch_id not in live)
+                self._drop_backlog(slot, lambda batch: batch.id not in live)
         return [b for b in self._batches if b.expires_at > now]
 
     async def dispatch_once(self) -> int:
@@ -279,19 +277,14 @@ class Worker:
             slot.in_flight += 1
             self._spawn(slot, batch, item)
 
-    def _is_paused(self, batch_id: str) -> bool:
-        batch = next((b for b in self._batches if b.id == batch_id), None)
-        return (
-            batch is not None
-            and batch.billing == "gpu_time"
-            and (batch.org_id in self._paused_orgs)
-        )
+    def _is_paused(self, batch: BatchRecord) -> bool:
+        return batch.billing == "gpu_time" and batch.org_id in self._paused_orgs
 
-    def _drop_backlog(self, slot: EngineSlot, stop: Callable[[str], bool]) -> None:
+    def _drop_backlog(self, slot: EngineSlot, stop: Callable[[BatchRecord], bool]) -> None:
         """Give back claimed, unstarted items of batches that must not start more work."""
         keep: deque[tuple[BatchRecord, ClaimedItem]] = deque()
         for batch, item in slot.backlog:
-            if stop(batch.id):
+            if stop(batch):
                 release = self._store.release(batch.id, item.idx, self._token)
                 task = asyncio.create_task(release)
                 self._background.add(task)
@@ -309,7 +302,7 @@ class Worker:
         """Called when a batch is cancelled in this process: nothing of it starts any more."""
         self._batches = [b for b in self._batches if b.id != batch_id]
         for slot in self._pool.slots:
-            self._drop_backlog(slot, lambda other: other == batch_id)
+            self._drop_backlog(slot, lambda other: other.id == batch_id)
 
     def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         task = asyncio.create_task(self._metered(slot, batch, item))
@@ -320,7 +313,7 @@ class Worker:
     async def _metered(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         deployment = None
         if batch.billing == "gpu_time":
-            deployment = await self._catalog.find(batch.model)
+            deployment = await self._deployment(batch.model)
         if deployment is None:
             await self._run_item(slot, batch, item)
             return
@@ -329,6 +322,12 @@ class Worker:
             await self._run_item(slot, batch, item)
         finally:
             self._meter.end(deployment.id)
+
+    async def _deployment(self, model: str) -> CatalogModel | None:
+        """The private deployment a GPU-time batch runs on, read from the catalog once."""
+        if model not in self._deployments:
+            self._deployments[model] = await self._catalog.find(model)
+        return self._deployments[model]
 
     async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         released = False
@@ -491,8 +490,8 @@ class Worker:
         for batch in await self._store.batches_in(active):
             status = BatchStatus(batch.status)
             local = self._tasks.get(batch.id)
-            if status in (BatchStatus.CANCELLING, BatchStatus.IN_PROGRESS) and (
-                status == BatchStatus.CANCELLING or now >= batch.expires_at
+            if status == BatchStatus.CANCELLING or (
+                status == BatchStatus.IN_PROGRESS and now >= batch.expires_at
             ):
                 self.stop_starting(batch.id)
             if status != BatchStatus.FINALIZING and now >= batch.expires_at:
