@@ -51,6 +51,7 @@ class Backfill:
         for process in self.processes:
             await process.start()
         if self.worker is not None:
+            await self.services.batches.resume_interrupted()
             await self.worker.start()
 
     async def stop(self) -> None:

@@ -92,7 +92,6 @@ class Worker:
         self._janitor = Janitor(store, files, clock)
         self._blobs = blobs
         self._sealer = sealer
-        self._files = files
         self._pool = pool
         self._freed = freed
         self._clock = clock
@@ -115,7 +114,6 @@ class Worker:
     async def start(self) -> None:
         if self._config.sole_worker:
             await self._store.release_all_leases()
-        await self._resume_validating()
         self._results.start()
         self._pool.start()
         for name, loop in (
@@ -184,15 +182,6 @@ class Worker:
         """Sleep, but wake at once when the worker stops."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
-
-    async def _resume_validating(self) -> None:
-        """Finish creations a crash interrupted between the batch row and its items."""
-        for batch in await self._store.batches_in([BatchStatus.VALIDATING]):
-            async for lines in self._files.lines(batch.input_file_id):
-                await self._store.add_items(batch.id, lines)
-            await self._store.transition(
-                batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
-            )
 
     # ---- dispatch -------------------------------------------------------------------
 

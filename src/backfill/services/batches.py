@@ -160,15 +160,23 @@ class BatchService:
         await self._store.set_file_expiry(
             batch.input_file_id, batch.expires_at + ACCEPTED_INPUT_GRACE_S
         )
-        async for lines in self._files.lines(batch.input_file_id):
-            await self._store.add_items(batch.id, lines)
-        now = int(self._clock.now())
-        await self._store.transition(
-            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, now
-        )
+        await self._enqueue(batch)
         for listener in self.created_listeners:
             listener(batch.id)
         return await self.get(org_id, batch.id), True
+
+    async def _enqueue(self, batch: BatchRecord) -> None:
+        """One queue item per input line, then ``in_progress``; safe to run again."""
+        async for lines in self._files.lines(batch.input_file_id):
+            await self._store.add_items(batch.id, lines)
+        await self._store.transition(
+            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
+        )
+
+    async def resume_interrupted(self) -> None:
+        """Finish creations a crash interrupted between the batch row and its items."""
+        for batch in await self._store.batches_in([BatchStatus.VALIDATING]):
+            await self._enqueue(batch)
 
     def _replay(self, existing: BatchRecord, request_hash: str) -> BatchRecord:
         if existing.request_hash != request_hash:
@@ -212,7 +220,7 @@ class BatchService:
                 "completion_window",
             )
         metadata = _check_metadata(request.get("metadata"))
-        file = await self._files.store.get_file(org_id, file_id)
+        file = await self._store.get_file(org_id, file_id)
         if file is None or file.status == "deleted":
             raise NotFound(f"No file with id {file_id!r}; upload it first.", param="input_file_id")
         if file.purpose != INPUT_PURPOSE:

@@ -43,6 +43,8 @@ class OpenAIHttpEngine:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
+        # Engines are configured with or without the /v1 suffix; request paths carry it.
+        self._root = self.base_url.removesuffix("/v1")
         self.max_concurrency = max_concurrency
         self._models = models
         self._timeout = aiohttp.ClientTimeout(
@@ -68,11 +70,7 @@ class OpenAIHttpEngine:
         payload = dict(body)
         payload["model"] = self._models.get(model, model)
         payload.pop("stream", None)
-        url = (
-            self.base_url + path.removeprefix("/v1")
-            if self.base_url.endswith("/v1")
-            else (self.base_url + path)
-        )
+        url = self._root + path
         try:
             async with self._client().post(url, data=orjson.dumps(payload)) as response:
                 data = await response.read()
@@ -87,7 +85,7 @@ class OpenAIHttpEngine:
             raise EngineUnreachable(f"{self.name}: {type(exc).__name__}") from None
 
     async def healthy(self) -> bool:
-        url = self.base_url + ("/models" if self.base_url.endswith("/v1") else "/v1/models")
+        url = self._root + "/v1/models"
         try:
             async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 return r.status == 200

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from typing import Any
 
 import orjson
@@ -13,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backfill.domain import ids
 from backfill.errors import BackfillError
 
 log = logging.getLogger("backfill.api")
@@ -91,17 +91,6 @@ def install_error_handlers(app: FastAPI) -> None:
             retryable=exc.status_code >= 500,
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> Response:
-        log.exception("unexpected error")
-        return error_response(
-            500,
-            "The server hit an unexpected error; retry, and report it if it persists.",
-            type_="server_error",
-            code="server_error",
-            retryable=True,
-        )
-
 
 class RequestIdMiddleware:
     """Adds ``x-request-id`` (the client's, if it sent one) to every HTTP response."""
@@ -119,7 +108,7 @@ class RequestIdMiddleware:
                 request_id = value
                 break
         if request_id is None:
-            request_id = ("req_" + secrets.token_hex(12)).encode()
+            request_id = ids.request_id().encode()
 
         started = False
 
@@ -135,15 +124,15 @@ class RequestIdMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            # Starlette re-raises after its own 500 handler ran; answer only if it did not.
-            if started:
-                return
+            # Unexpected errors end here (inside Starlette's own 500 handler, so the answer
+            # still carries the request id); nothing can be sent once a response has started.
             log.exception("unexpected error")
-            response = error_response(
-                500,
-                "The server hit an unexpected error; retry, and report it if it persists.",
-                type_="server_error",
-                code="server_error",
-                retryable=True,
-            )
-            await response(scope, receive, send_with_id)
+            if not started:
+                response = error_response(
+                    500,
+                    "The server hit an unexpected error; retry, and report it if it persists.",
+                    type_="server_error",
+                    code="server_error",
+                    retryable=True,
+                )
+                await response(scope, receive, send_with_id)
