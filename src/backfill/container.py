@@ -101,13 +101,7 @@ def _catalog_model(m: ModelSettings) -> CatalogModel:
         context_length=m.context_length,
         max_output_tokens=m.max_output_tokens,
         modalities=frozenset(m.modalities),
-        prices=Prices(
-            pricing.input,
-            pricing.cached_input if pricing.cached_input is not None else pricing.input,
-            pricing.output,
-        )
-        if pricing
-        else None,
+        prices=Prices.of(pricing.input, pricing.cached_input, pricing.output) if pricing else None,
         throughput_tokens_per_s=m.throughput_tokens_per_s,
     )
 

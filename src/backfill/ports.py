@@ -166,9 +166,7 @@ class BatchRecord:
 
     @property
     def prices(self) -> Prices | None:
-        if self.price_input is None or self.price_output is None:
-            return None
-        return Prices(self.price_input, self.price_cached_input or 0, self.price_output)
+        return Prices.stored(self.price_input, self.price_cached_input, self.price_output)
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,8 +174,7 @@ def model_set(
     """Create or change a model; without prices it is not batch-qualified."""
     prices = None
     if input_price is not None and output_price is not None:
-        cached = cached_price if cached_price is not None else input_price
-        prices = Prices(input_price, cached, output_price)
+        prices = Prices.of(input_price, cached_price, output_price)
 
     async def action(b: Backfill) -> str:
         model = await b.services.catalog.put(

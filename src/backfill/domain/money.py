@@ -22,6 +22,20 @@ class Prices:
     cached_input: int
     output: int
 
+    @classmethod
+    def of(cls, input: int, cached_input: int | None, output: int) -> Prices:
+        """Prices as configured: cached input costs what input costs unless said otherwise."""
+        return cls(input, input if cached_input is None else cached_input, output)
+
+    @classmethod
+    def stored(
+        cls, input: int | None, cached_input: int | None, output: int | None
+    ) -> Prices | None:
+        """Prices from nullable columns; None where no prices were stored."""
+        if input is None or output is None:
+            return None
+        return cls(input, cached_input or 0, output)
+
     def as_api(self) -> dict[str, str]:
         return {
             "unit": PRICE_UNIT,

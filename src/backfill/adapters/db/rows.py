@@ -23,9 +23,7 @@ TERMINAL = sorted(status.value for status in lifecycle.TERMINAL)
 
 def prices_of(row: Any) -> Prices | None:
     """Prices stored in a row's price_* columns, or None where the row has none."""
-    if row.price_input is None or row.price_output is None:
-        return None
-    return Prices(row.price_input, row.price_cached_input or 0, row.price_output)
+    return Prices.stored(row.price_input, row.price_cached_input, row.price_output)
 
 
 def model_of(row: Any) -> CatalogModel:

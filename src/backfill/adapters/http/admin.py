@@ -121,11 +121,7 @@ async def list_models(_: Admin, svc: Svc) -> Response:
 @router.put("/models/{model_id:path}")
 async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
     p = body.batch
-    prices = (
-        Prices(p.input, p.cached_input if p.cached_input is not None else p.input, p.output)
-        if p
-        else None
-    )
+    prices = Prices.of(p.input, p.cached_input, p.output) if p else None
     model = await svc.catalog.put(
         CatalogModel(
             id=model_id,
