@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from backfill.cli.common import load, opened
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
 from backfill.errors import BackfillError
@@ -38,24 +38,16 @@ DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedde
 
 
 def _settings(config: Path | None, data: Path | None) -> Settings:
-    if config is not None:
-        os.environ["BACKFILL_CONFIG"] = str(config)
-    return Settings(data_dir=data) if data is not None else Settings()
+    return load(config, data_dir=data)
 
 
 Action = Callable[["Backfill"], Awaitable[str]]
 
 
 async def _with_backfill(settings: Settings, action: Action) -> str:
-    from backfill.container import build
-
-    backfill = build(settings, role="api")
-    await backfill.store.init()
-    try:
+    async with opened(settings) as backfill:
         await backfill.seed_catalog()
         return await action(backfill)
-    finally:
-        await backfill.store.close()
 
 
 def _run(settings: Settings, action: Action) -> None:

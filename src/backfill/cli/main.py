@@ -9,12 +9,13 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
 
 from backfill.cli import admin, batch
+from backfill.cli.common import load, opened
 from backfill.domain.money import usd_to_pico
 from backfill.settings import Settings
 
@@ -30,13 +31,6 @@ app.add_typer(admin.app, name="admin")
 app.add_typer(batch.app, name="batch")
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-
-
-def _settings(config: Path | None, **overrides: Any) -> Settings:
-    if config is not None:
-        os.environ["BACKFILL_CONFIG"] = str(config)
-    # Through __init__, not model_validate: only __init__ reads the TOML file and environment.
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
 def _logging(level: str) -> None:
@@ -61,15 +55,9 @@ def _lock(data_dir: Path) -> int:
 
 
 async def _bootstrap(settings: Settings) -> str | None:
-    from backfill.container import build
-
-    backfill = build(settings, role="api")
-    await backfill.store.init()
-    try:
+    async with opened(settings) as backfill:
         credit = usd_to_pico(settings.default_org_credit_usd)
         return await backfill.services.tenants.bootstrap(credit=credit)
-    finally:
-        await backfill.store.close()
 
 
 def _serve(settings: Settings, role: str) -> None:
@@ -121,7 +109,7 @@ def up(
     ] = True,
 ) -> None:
     """Embedded mode: API, scheduler and a local engine in one process, SQLite on disk."""
-    settings = _settings(config, port=port, host=host, data_dir=data, local_engine=local_engine)
+    settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
     _logging(settings.log_level)
     _lock(settings.data_dir)
     key = asyncio.run(_bootstrap(settings))
@@ -143,7 +131,7 @@ def serve(
     """Run one scale-out role with the given configuration."""
     if role not in ("all", "api", "worker"):
         raise typer.BadParameter("role must be all, api or worker", param_hint="--role")
-    settings = _settings(config, port=port)
+    settings = load(config, port=port)
     _logging(settings.log_level)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)
@@ -190,7 +178,7 @@ def db_upgrade(
     """Apply every pending migration (also done at each start)."""
     from backfill.adapters.db.store import SqlStore
 
-    settings = _settings(config)
+    settings = load(config)
 
     async def upgrade() -> None:
         store = SqlStore(settings.resolved_database_url)
@@ -212,7 +200,7 @@ def db_revision(
     from backfill.adapters.db.engine import SqlBase
     from backfill.adapters.db.migrate import revision
 
-    settings = _settings(config)
+    settings = load(config)
 
     async def write() -> None:
         db = SqlBase(settings.resolved_database_url)

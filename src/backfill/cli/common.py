@@ -1,0 +1,35 @@
+"""What the CLI's commands share: reading settings, and a container opened for one task."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backfill.settings import Settings
+
+if TYPE_CHECKING:
+    from backfill.container import Backfill
+
+
+def load(config: Path | None, **overrides: Any) -> Settings:
+    """Settings from ``config`` (TOML), the environment, and the overrides that are not None."""
+    if config is not None:
+        os.environ["BACKFILL_CONFIG"] = str(config)
+    # Through __init__, not model_validate: only __init__ reads the TOML file and environment.
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@asynccontextmanager
+async def opened(settings: Settings) -> AsyncIterator[Backfill]:
+    """The API-side container on an up-to-date database, closed afterwards (no worker)."""
+    from backfill.container import build
+
+    backfill = build(settings, role="api")
+    await backfill.store.init()
+    try:
+        yield backfill
+    finally:
+        await backfill.store.close()
