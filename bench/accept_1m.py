@@ -1,6 +1,6 @@
 """A 1,000,000-line file: upload + validation + batch creation time, and the server's peak RSS.
 
-    python bench/accept_1m.py [--lines 1000000]
+    PYTHONPATH=. python -m bench.accept_1m [--lines 1000000]
 
 The baseline is the time to send the same bytes to the same server and have them discarded
 (a request to an unknown URL the server rejects after reading), so the ratio shows what

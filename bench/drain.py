@@ -1,7 +1,7 @@
 """End-to-end drain throughput vs a bare asyncio client against the same engine (SPEC §12).
 
-    python bench/drain.py                       # simulator: 20,000 requests, concurrency 128
-    python bench/drain.py --engine llama --requests 64 --concurrency 2 --max-tokens 32
+    PYTHONPATH=. python -m bench.drain        # simulator: 20,000 requests, concurrency 128
+    PYTHONPATH=. python -m bench.drain --engine llama --requests 64 --concurrency 2 --max-tokens 32
 
 The baseline sends every request straight to the engine with an aiohttp client holding
 ``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
@@ -158,12 +158,10 @@ def main() -> None:
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
             base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
-            extra = "" if model == MODEL else f'[[models]]\nid = "{model}"\nmodel_config_id = "x"\n'
             config = sim_config(work / "bench.toml", url, args.concurrency)
             if model != MODEL:
                 text = config.read_text().replace(f'"{MODEL}"', f'"{model}"')
                 config.write_text(text)
-            del extra
             backfill_s, cpu = run_backfill(
                 config,
                 work / "data",

@@ -1,6 +1,6 @@
 """Drain throughput on PostgreSQL with 1, 2 and 3 worker processes (SPEC §2 scale-out).
 
-    python bench/scale_workers.py [--requests 6000] [--pg postgresql://postgres@127.0.0.1/test]
+    PYTHONPATH=. python -m bench.scale_workers [--requests 6000] [--pg postgresql://postgres@127.0.0.1/test]
 
 One API process and N workers share a fresh PostgreSQL database and one storage directory.
 The simulated engine answers in ~5 ms with no concurrency cap, so the engine is not the
@@ -41,6 +41,14 @@ async def fresh_database(admin_url: str) -> str:
     finally:
         await conn.close()
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    finally:
+        await conn.close()
 
 
 def write_config(path: Path, db: str, storage: Path, sim_url: str) -> None:
@@ -131,7 +139,10 @@ def main() -> None:
                 cli(config, "db", "upgrade")
                 cli(config, "admin", "org", "create", "bench")
                 cli(config, "admin", "credit", "add", "--org", "bench", "--usd", "1000")
-                results[workers] = drain(config, workers, source, args.requests)
+                try:
+                    results[workers] = drain(config, workers, source, args.requests)
+                finally:
+                    asyncio.run(drop_database(args.pg, db))
     finally:
         stop(sim)
     base = results[1][0]

@@ -1,6 +1,6 @@
 """Validation speed vs a bare typed msgspec decode of the same lines (SPEC §5.8).
 
-    python bench/validation.py [--mib 256]
+    PYTHONPATH=. python -m bench.validation [--mib 256]
 
 Both sides read the same file in 1 MiB chunks from the page cache. The baseline splits lines
 and decodes each into the typed ``RequestLine`` struct, nothing else. Backfill runs its upload

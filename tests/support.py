@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -260,7 +261,6 @@ class ServerProcess:
     key: str
     log: Path
     process: subprocess.Popen[bytes]
-    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -299,6 +299,16 @@ def rows_of(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
     response = client.get(f"/v1/files/{file_id}/content")
     assert response.status_code == 200, response.text
     return [orjson.loads(line) for line in response.content.splitlines()]
+
+
+def assert_exactly_once(
+    rows: list[dict[str, Any]], out: list[dict[str, Any]], err: list[dict[str, Any]]
+) -> None:
+    """Every custom_id of ``rows`` has exactly one row across the output and error files."""
+    seen = Counter(r["custom_id"] for r in out + err)
+    duplicated = sorted(c for c, n in seen.items() if n > 1)
+    assert not duplicated, f"custom_ids with more than one row: {duplicated[:10]}"
+    assert set(seen) == {r["custom_id"] for r in rows}
 
 
 def submit(client: httpx.Client, rows: list[dict[str, Any]]) -> str:

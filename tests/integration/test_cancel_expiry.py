@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from tests.support import (
     SIM_MODEL,
     TERMINAL,
     InProcess,
+    assert_exactly_once,
     chat_line,
     free_port,
     in_process_backfill,
@@ -87,15 +87,6 @@ async def submit(bf: InProcess, rows: list[dict[str, Any]], **extra: Any) -> dic
     assert created.status_code == 200, created.text
     batch: dict[str, Any] = created.json()
     return batch
-
-
-def assert_exactly_once(
-    rows: list[dict[str, Any]], out: list[dict[str, Any]], err: list[dict[str, Any]]
-) -> None:
-    seen = Counter(r["custom_id"] for r in out + err)
-    duplicated = sorted(c for c, n in seen.items() if n > 1)
-    assert not duplicated, f"custom_ids with more than one row: {duplicated[:10]}"
-    assert set(seen) == {r["custom_id"] for r in rows}
 
 
 # ---- cancel -------------------------------------------------------------------------------

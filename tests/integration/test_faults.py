@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +22,14 @@ from aiohttp.typedefs import Handler
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
-from tests.support import SIM_MODEL, InProcess, chat_line, free_port, in_process_backfill
+from tests.support import (
+    SIM_MODEL,
+    InProcess,
+    assert_exactly_once,
+    chat_line,
+    free_port,
+    in_process_backfill,
+)
 
 FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
 
@@ -106,15 +113,6 @@ async def outcome(
     out = await bf.rows(batch["output_file_id"])
     err = await bf.rows(batch["error_file_id"])
     return batch, out, err
-
-
-def assert_exactly_once(
-    rows: list[dict[str, Any]], out: list[dict[str, Any]], err: list[dict[str, Any]]
-) -> None:
-    seen = Counter(r["custom_id"] for r in out + err)
-    duplicated = sorted(c for c, n in seen.items() if n > 1)
-    assert not duplicated, f"custom_ids with more than one row: {duplicated[:10]}"
-    assert set(seen) == {r["custom_id"] for r in rows}
 
 
 def by_prompt(attempts: list[Attempt], keep: Callable[[Attempt], bool]) -> dict[str, list[Attempt]]:
