@@ -76,6 +76,15 @@ class StorageError(BackfillError):
     retryable = True
 
 
+class ContentUnreadable(StorageError):
+    """Stored content is missing, damaged or sealed under another master key: a retry cannot
+    help, so callers turn it into a final error instead of trying again."""
+
+    status = 500
+    code = "content_unreadable"
+    retryable = False
+
+
 class PaymentRequired(BackfillError):
     status = 402
     code = "insufficient_credit"

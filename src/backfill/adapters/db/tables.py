@@ -98,6 +98,22 @@ api_keys = Table(
     Column("secret_hash", String(64), nullable=False, unique=True),
     Column("scopes", String(200), nullable=False),
     Column("created_at", BigInteger, nullable=False),
+    Column("name", String(200)),
+    # A revoked key is refused at once by every API process: the lookup reads this column.
+    Column("revoked_at", BigInteger),
+    Column("last_used_at", BigInteger),
+)
+
+# One row: a check value of the master key that wrote this database's content, so a lost or
+# replaced key is refused at start instead of being discovered blob by blob.
+keyring = Table(
+    "keyring",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("check_value", String(128), nullable=False),
+    # The oldest blob format still readable; 2 (bound to its key) once every blob is re-encrypted.
+    Column("min_blob_format", SmallInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
 )
 
 files = Table(
