@@ -7,43 +7,16 @@ model answers come back.
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import ServerProcess, free_port, wait_http
+from tests.support import ServerProcess
 
 SEED = Path(__file__).with_name("seed_001_workflow.py.txt")
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-@pytest.fixture
-def llama_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """``backfill up`` exactly as a newcomer runs it: the managed llama.cpp engine included."""
-    port = free_port()
-    data = tmp_path / "data"
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "backfill.cli", "up", "--port", str(port), "--data", str(data)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ),
-        )
-    server = ServerProcess(data, tmp_path / "none.toml", port, "", log, process)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", process)
-        match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
-        assert match, log.read_text()
-        server.key = match.group(0)
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.llama

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -79,7 +80,10 @@ class ManagedProcess:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         # Engine output can echo prompts; it is discarded so content never reaches logs.
+        # The tether makes the engine die with this process, even on SIGKILL (see tether.py).
+        tether = [sys.executable, "-m", "backfill.adapters.engines.tether", str(os.getpid()), "--"]
         return await asyncio.create_subprocess_exec(
+            *tether,
             *self._command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
