@@ -174,7 +174,15 @@ def build(
     blobs = EncryptedBlobStore(_raw_store(settings), keyring)
     catalog = CatalogService(store, clock)
     limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
-    files = FileService(store, blobs, catalog, clock, limits, settings.input_file_ttl_s)
+    files = FileService(
+        store,
+        blobs,
+        catalog,
+        clock,
+        limits,
+        settings.input_file_ttl_s,
+        max_retained_input_bytes=settings.max_retained_input_bytes,
+    )
     batches = BatchService(
         store,
         files,

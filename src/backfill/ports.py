@@ -104,6 +104,10 @@ class ApiKey:
     org_id: str
     prefix: str
     scopes: frozenset[str]
+    name: str | None = None
+    created_at: int = 0
+    last_used_at: int | None = None
+    revoked_at: int | None = None
 
 
 @dataclass(slots=True)
@@ -279,10 +283,32 @@ class Store(Protocol):
 
     async def create_api_key(self, key: ApiKey, secret_hash: str) -> None: ...
 
-    async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None: ...
+    async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None:
+        """The key with this hash, revoked or not (the caller refuses revoked ones)."""
+        ...
+
+    async def list_api_keys(self, org_id: str) -> list[ApiKey]:
+        """Every key of an org, revoked ones included, oldest first."""
+        ...
+
+    async def revoke_api_key(self, key_id: str, now: int) -> ApiKey | None:
+        """Mark a key revoked (keeping the first revocation's time); None when there is none."""
+        ...
+
+    async def touch_api_key(self, key_id: str, now: int, resolution_s: int) -> None:
+        """Set last_used_at to ``now`` unless it is already within ``resolution_s`` of it;
+        best effort: a failure here must not refuse the request."""
+        ...
 
     # files
-    async def create_file(self, record: FileRecord) -> None: ...
+    async def create_file(self, record: FileRecord, max_retained_bytes: int | None = None) -> None:
+        """Insert a file; with ``max_retained_bytes``, refuse (RateLimited) in the same
+        transaction when the org's input files would then keep more than that."""
+        ...
+
+    async def retained_input_bytes(self, org_id: str) -> int:
+        """Bytes of the org's input files that are not deleted."""
+        ...
 
     async def get_file(self, org_id: str, file_id: str) -> FileRecord | None: ...
 
@@ -312,6 +338,11 @@ class Store(Protocol):
     # billing
     async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
         """Append a credit; returns the new balance."""
+        ...
+
+    async def credit(self, org_id: str, amount: int, note: str | None, now: int) -> Ledger:
+        """Append a credit unless it would take the balance past its cap (InvalidInput);
+        returns the ledger as that same transaction left it."""
         ...
 
     async def ledger(self, org_id: str) -> Ledger: ...

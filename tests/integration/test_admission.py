@@ -134,15 +134,14 @@ async def test_retained_input_over_the_limit_is_refused_without_retry(tmp_path: 
         accepted = await create(bf, first["id"])
         assert accepted.status_code == 200, accepted.text
 
-        # Input files count from upload; the first batch keeps its input until it ends.
-        second = await upload(bf, [chat_line(f"b{i}", padding) for i in range(3)])
-        assert first["bytes"] <= limit < first["bytes"] + second["bytes"]
-
-        refused = await create(bf, second["id"])
+        # Input files count from upload: the one that would cross the limit is refused there.
+        second_rows = [chat_line(f"b{i}", padding) for i in range(3)]
+        assert first["bytes"] <= limit < first["bytes"] + len(jsonl(second_rows))
+        refused = await bf.upload(jsonl(second_rows))
         assert refused.status_code == 429, refused.text
         assert error_of(refused)["code"] == "retained_input_limit"
         assert refused.headers["x-should-retry"] == "false"
-        assert await listed_ids(bf) == [accepted.json()["id"]]
+        assert [f["id"] for f in (await bf.client.get("/v1/files")).json()["data"]] == [first["id"]]
 
         # Freeing retained input (cancel the batch, delete its input) lets the next one in.
         batch_id = accepted.json()["id"]
@@ -150,6 +149,7 @@ async def test_retained_input_over_the_limit_is_refused_without_retry(tmp_path: 
         await wait_terminal(bf, batch_id)
         deleted = await bf.client.delete(f"/v1/files/{first['id']}")
         assert deleted.status_code in (200, 404), deleted.text
+        second = await upload(bf, second_rows)
         again = await create(bf, second["id"])
         assert again.status_code == 200, again.text
 

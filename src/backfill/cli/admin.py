@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from backfill.cli.common import load, opened
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
 from backfill.errors import BackfillError
+from backfill.ports import ApiKey
 from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL, Settings
 
 if TYPE_CHECKING:
@@ -98,13 +103,76 @@ def key_create(
     scopes: Annotated[
         str, typer.Option(help="Comma-separated: inference:write, requests:read.")
     ] = "inference:write,requests:read",
+    name: Annotated[str | None, typer.Option(help="A name to recognise the key by.")] = None,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
     """Create an API key; prints only the key, which is shown this once."""
 
     async def action(b: Backfill) -> str:
-        return await b.services.tenants.create_key(org, frozenset(scopes.split(",")))
+        made = await b.services.tenants.new_key(org, frozenset(scopes.split(",")), name)
+        return made.secret
+
+    _run(_settings(config, data), action)
+
+
+def _when(ts: int | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _keys_table(org: str, keys: list[ApiKey]) -> Table:
+    table = Table(title=f"API keys of {org}")
+    for column in ("id", "name", "prefix", "scopes", "created", "last used", "revoked"):
+        table.add_column(column)
+    for k in keys:
+        # Names are printable by construction, but markup in them must print as typed.
+        table.add_row(
+            k.id,
+            Text(k.name or "-"),
+            k.prefix,
+            ",".join(sorted(k.scopes)),
+            _when(k.created_at),
+            _when(k.last_used_at),
+            _when(k.revoked_at),
+        )
+    return table
+
+
+@key_app.command("list")
+def key_list(
+    org: Annotated[str, typer.Option(help="Organization name.")],
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """List an organization's API keys (never the secrets), revoked ones included."""
+    keys: list[ApiKey] = []
+
+    async def action(b: Backfill) -> str:
+        keys.extend(await b.services.tenants.keys(org))
+        return ""
+
+    settings = _settings(config, data)
+    try:
+        asyncio.run(_with_backfill(settings, action))
+    except BackfillError as exc:
+        typer.secho(exc.message, err=True, fg="red")
+        raise typer.Exit(1) from None
+    Console(width=200).print(_keys_table(org, keys))
+
+
+@key_app.command("revoke")
+def key_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (key_…), from 'key list'.")],
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Revoke an API key: every API process refuses it from its next request on."""
+
+    async def action(b: Backfill) -> str:
+        key = await b.services.tenants.revoke_key(key_id)
+        return f"Revoked {key.id} ({key.prefix}…) at {_when(key.revoked_at)}."
 
     _run(_settings(config, data), action)
 
@@ -120,8 +188,8 @@ def credit_add(
     """Add credit to an organization."""
 
     async def action(b: Backfill) -> str:
-        balance = await b.services.billing.add_credit(org, usd, note)
-        return f"Added {usd} USD to {org}; balance {pico_to_usd(balance)} USD."
+        ledger = await b.services.billing.credit(org, usd, note)
+        return f"Added {usd} USD to {org}; balance {pico_to_usd(ledger.balance)} USD."
 
     _run(_settings(config, data), action)
 

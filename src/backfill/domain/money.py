@@ -13,6 +13,23 @@ PICO_PER_USD = 10**12
 PICO_PER_MICRO = 10**6
 PRICE_UNIT = "microusd_per_million_tokens"
 
+# Balances, reservations and charges are int64 picodollar columns (2**63 - 1 is about 9.22 M
+# USD). These caps keep every value Backfill writes inside that range with room to spare; sums
+# over many rows (lifetime credits, all receipts) are computed without the cap (see the ledger).
+MAX_CREDIT_USD = 1_000_000
+MAX_BALANCE_USD = 9_000_000
+MAX_CREDIT = MAX_CREDIT_USD * PICO_PER_USD
+MAX_BALANCE = MAX_BALANCE_USD * PICO_PER_USD
+# uUSD per million tokens: 10,000 USD per million tokens. With at most MAX_TOKENS tokens a
+# request's charge stays under 10**18 pUSD (1 M USD) per price, so it always fits.
+MAX_TOKEN_PRICE = 10**10
+MAX_TOKENS = 100_000_000
+# uUSD per GPU-second (10 USD) and GPUs per deployment: a span of minutes still fits.
+MAX_GPU_SECOND_PRICE = 10**7
+MAX_GPUS = 4096
+# Digits before the point that an amount may have at all; the real caps are checked after.
+_MAX_USD_DIGITS = 24
+
 
 @dataclass(frozen=True, slots=True)
 class Prices:
@@ -69,15 +86,33 @@ def gpu_time_charge(gpu_count: int, microusd_per_gpu_second: int, milliseconds: 
 
 
 def usd_to_pico(amount: str) -> int:
-    """Parse a USD amount such as ``"12.50"`` exactly; raises ValueError when it is not exact."""
+    """Parse a USD amount such as ``"12.50"`` exactly; raises ValueError when it is not exact.
+
+    Integer arithmetic on the decimal's digits: Decimal multiplication rounds to 28 digits and
+    raises on huge exponents, and neither may happen to money.
+    """
     try:
         value = Decimal(amount.strip())
     except InvalidOperation:
         raise ValueError(f"{amount!r} is not an amount of USD such as 12.50") from None
-    pico = value * PICO_PER_USD
-    if not value.is_finite() or pico != pico.to_integral_value():
-        raise ValueError(f"{amount!r} has more precision than a picodollar")
-    return int(pico)
+    sign, digits, exponent = value.as_tuple()
+    if not isinstance(exponent, int):  # NaN or infinity
+        raise ValueError(f"{amount!r} is not an amount of USD such as 12.50")
+    if value.is_zero():
+        return 0
+    if value.adjusted() >= _MAX_USD_DIGITS:
+        raise ValueError(f"{amount!r} is too large")
+    whole = int("".join(map(str, digits)))
+    shift = exponent + 12  # the power of ten that turns the digits into picodollars
+    if shift >= 0:
+        pico: int = whole * 10**shift
+    else:
+        # Bounded by the number of digits given, so "1e-999999999" costs nothing.
+        drop: int = 10 ** min(-shift, len(digits) + 1)
+        if whole % drop:
+            raise ValueError(f"{amount!r} has more precision than a picodollar")
+        pico = whole // drop
+    return -pico if sign else pico
 
 
 def pico_to_usd(pico: int) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from backfill.domain.money import usd_to_pico
+from backfill.domain.money import MAX_CREDIT, MAX_CREDIT_USD, usd_to_pico
 from backfill.errors import InvalidInput, NotFound
 from backfill.ports import Clock, Ledger, Receipt, Store
+from backfill.services.tenants import plausible_org_name, printable
+
+MAX_NOTE_CHARS = 200
 
 
 class BillingService:
@@ -14,18 +17,26 @@ class BillingService:
 
     async def add_credit(self, org_name: str, usd: str, note: str | None = None) -> int:
         """Credit ``usd`` (an exact decimal string) to an org; returns the new balance (pUSD)."""
+        return (await self.credit(org_name, usd, note)).balance
+
+    async def credit(self, org_name: str, usd: str, note: str | None = None) -> Ledger:
+        """Credit ``usd`` to an org; returns the ledger as the crediting transaction left it,
+        so a caller never has to read again (and never retries a credit that went through)."""
+        limit = f"a credit is a positive USD amount of at most {MAX_CREDIT_USD} (e.g. 12.50)"
         try:
             amount = usd_to_pico(usd)
         except ValueError as exc:
-            raise InvalidInput(str(exc), code="invalid_value", param="usd") from None
-        if amount <= 0:
+            raise InvalidInput(f"{exc}; {limit}.", code="invalid_value", param="usd") from None
+        if not 0 < amount <= MAX_CREDIT:
             raise InvalidInput(
-                "Credit must be a positive amount of USD.", code="invalid_value", param="usd"
+                f"{usd!r} is out of range; {limit}.", code="invalid_value", param="usd"
             )
-        org = await self._store.org_by_name(org_name)
+        if note is not None:
+            printable(note, "note", MAX_NOTE_CHARS, allow_empty=True)
+        org = await self._store.org_by_name(org_name) if plausible_org_name(org_name) else None
         if org is None:
             raise NotFound(f"No organization named {org_name!r}.")
-        return await self._store.add_credit(org.id, amount, note, int(self._clock.now()))
+        return await self._store.credit(org.id, amount, note, int(self._clock.now()))
 
     async def ledger(self, org_id: str) -> Ledger:
         return await self._store.ledger(org_id)

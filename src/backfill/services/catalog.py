@@ -5,8 +5,47 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRICE, MAX_TOKENS
 from backfill.errors import InvalidInput, NotFound
 from backfill.ports import Clock, Store
+from backfill.services.tenants import printable
+
+MAX_MODEL_ID_CHARS = 256
+MAX_THROUGHPUT = 10**9
+
+
+def _within(value: int | None, low: int, high: int, param: str, unit: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise InvalidInput(
+            f"'{param}' must be from {low} to {high} {unit} (it is {value}).",
+            code="invalid_value",
+            param=param,
+        )
+
+
+def _check(model: CatalogModel) -> None:
+    """Bounds that keep every price, charge and limit inside its column (SPEC §7.3)."""
+    printable(model.id, "model", MAX_MODEL_ID_CHARS)
+    printable(model.model_config_id, "model_config_id", MAX_MODEL_ID_CHARS)
+    modalities = ",".join(sorted(model.modalities))
+    printable(modalities, "modalities", 200)
+    _within(model.context_length, 1, MAX_TOKENS, "context_length", "tokens")
+    _within(model.max_output_tokens, 1, MAX_TOKENS, "max_output_tokens", "tokens")
+    unit = "uUSD per million tokens"
+    if model.prices:
+        _within(model.prices.input, 0, MAX_TOKEN_PRICE, "pricing.input", unit)
+        _within(model.prices.cached_input, 0, MAX_TOKEN_PRICE, "pricing.cached_input", unit)
+        _within(model.prices.output, 0, MAX_TOKEN_PRICE, "pricing.output", unit)
+    _within(model.throughput_tokens_per_s, 1, MAX_THROUGHPUT, "throughput_tokens_per_s", "/s")
+    if model.owner_org_id is not None:
+        _within(model.gpu_count, 1, MAX_GPUS, "gpu_count", "GPUs")
+        _within(
+            model.microusd_per_gpu_second,
+            0,
+            MAX_GPU_SECOND_PRICE,
+            "microusd_per_gpu_second",
+            "uUSD",
+        )
 
 
 class CatalogService:
@@ -34,15 +73,7 @@ class CatalogService:
             await self._store.upsert_model(model, now, replace=False)
 
     async def put(self, model: CatalogModel) -> CatalogModel:
-        if model.context_length < 1 or model.max_output_tokens < 1:
-            raise InvalidInput(
-                "context_length and max_output_tokens must be positive.",
-                code="invalid_value",
-                param="context_length",
-            )
-        prices = model.prices
-        if prices and min(prices.input, prices.cached_input, prices.output) < 0:
-            raise InvalidInput("Prices cannot be negative.", code="invalid_value", param="pricing")
+        _check(model)
         await self._store.upsert_model(model, int(self._clock.now()), replace=True)
         found = await self.find(model.id)
         if found is None:  # pragma: no cover - the upsert just wrote it

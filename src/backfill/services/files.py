@@ -9,7 +9,7 @@ from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineSplitter
-from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.errors import Conflict, InvalidInput, NotFound, RateLimited
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, LineRef, Page, Store
 
 INPUT_PURPOSE = "batch"
@@ -17,6 +17,16 @@ OUTPUT_PURPOSE = "batch_output"
 MIN_EXPIRY_S = 3600
 MAX_EXPIRY_S = 30 * 24 * 3600
 _INDEX_ENTRY = struct.Struct("<QIH")
+
+
+def retained_input_limit(retained: int, adding: int, limit: int) -> RateLimited:
+    """The 429 for an org whose input files would keep more than ``limit`` bytes."""
+    adds = f" and this file adds {adding}" if adding else ""
+    return RateLimited(
+        f"This organization keeps {retained} bytes of input files{adds}; the limit is {limit} "
+        "bytes. Delete input files you no longer need (DELETE /v1/files/{id}) and retry.",
+        code="retained_input_limit",
+    )
 
 
 def content_key(file_id: str) -> str:
@@ -38,6 +48,7 @@ class Upload:
         index: BlobWriter,
         file_id: str,
         models: dict[str, CatalogModel],
+        retained: int = 0,
     ) -> None:
         self._service = service
         self._org_id = org_id
@@ -49,8 +60,15 @@ class Upload:
         self._validator = LineValidator(limits, models.get)
         self._finished = False
         self._offset = 0
+        self._retained = retained  # the org's input bytes when the upload began
+        self._received = 0
 
     async def feed(self, chunk: bytes) -> None:
+        limit = self._service.max_retained_input_bytes
+        self._received += len(chunk)
+        if limit is not None and self._retained + self._received > limit:
+            # Stop at the first chunk past the quota; abort() removes what was written.
+            raise retained_input_limit(self._retained, self._received, limit)
         try:
             entries = self._entries(self._splitter.feed_lines(chunk))
             self._splitter.raise_pending()
@@ -101,7 +119,6 @@ class Upload:
             await self._index.write(tail)
         size = await self._content.commit()
         await self._index.commit()
-        self._finished = True
         now = int(self._service.clock.now())
         ttl = expires_after_s if expires_after_s is not None else self._service.input_ttl_s
         record = FileRecord(
@@ -119,7 +136,9 @@ class Upload:
             prompt_token_bound=summary.prompt_token_bound,
             max_output_tokens=summary.max_output_tokens,
         )
-        await self._service.store.create_file(record)
+        # The quota again, atomically with the row: concurrent uploads each saw the old total.
+        await self._service.store.create_file(record, self._service.max_retained_input_bytes)
+        self._finished = True
         return record
 
     async def abort(self) -> None:
@@ -167,6 +186,7 @@ class FileService:
         clock: Clock,
         limits: Limits,
         input_ttl_s: int,
+        max_retained_input_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -174,14 +194,22 @@ class FileService:
         self.clock = clock
         self.limits = limits
         self.input_ttl_s = input_ttl_s
+        # Per org, over its input files that are not deleted (SPEC §7.6); None: no limit.
+        self.max_retained_input_bytes = max_retained_input_bytes
 
     async def begin_upload(self, org_id: str) -> Upload:
+        """Start an upload; refused before any byte is read when the org's quota is spent."""
+        retained = 0
+        if self.max_retained_input_bytes is not None:
+            retained = await self.store.retained_input_bytes(org_id)
+            if retained >= self.max_retained_input_bytes:
+                raise retained_input_limit(retained, 0, self.max_retained_input_bytes)
         file_id = ids.file_id()
         content = await self.blobs.writer(content_key(file_id))
         index = await self.blobs.writer(index_key(file_id))
         # One snapshot of the catalog per upload: every line is checked against the same one.
         models = {m.id: m for m in await self.catalog.all(org_id)}
-        return Upload(self, org_id, content, index, file_id, models)
+        return Upload(self, org_id, content, index, file_id, models, retained)
 
     async def get(self, org_id: str, file_id: str) -> FileRecord:
         record = await self.store.get_file(org_id, file_id)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, insert, literal_column, or_, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
@@ -17,13 +18,47 @@ from backfill.adapters.db.rows import (
     prices_of,
 )
 from backfill.domain.catalog import CatalogModel
-from backfill.errors import Conflict
+from backfill.domain.money import (
+    MAX_BALANCE,
+    MAX_BALANCE_USD,
+    MAX_CREDIT,
+    MAX_CREDIT_USD,
+    pico_to_usd,
+)
+from backfill.errors import Conflict, InvalidInput, NotFound
 from backfill.ports import (
     ApiKey,
     Ledger,
     Org,
     Receipt,
 )
+
+log = logging.getLogger("backfill.db")
+
+
+async def _exact_sum(conn: AsyncConnection, column: Any, where: Any) -> int:
+    """``SUM(column)`` without int64 overflow: lifetime credits may exceed any one balance.
+
+    SQLite's SUM raises "integer overflow" past 2**63; summing the high and the low 32 bits
+    apart is exact on both databases up to 2**31 rows.
+    """
+    high = func.coalesce(func.sum(column.op(">>")(literal_column("32"))), 0)
+    low = func.coalesce(func.sum(column.op("&")(literal_column("4294967295"))), 0)
+    row = (await conn.execute(select(high, low).where(where))).one()
+    return (int(row[0]) << 32) + int(row[1])
+
+
+def _key_of(row: Any) -> ApiKey:
+    return ApiKey(
+        id=row.id,
+        org_id=row.org_id,
+        prefix=row.prefix,
+        scopes=frozenset(row.scopes.split(",")),
+        name=row.name,
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
+    )
 
 
 class AccountQueries(SqlBase):
@@ -56,7 +91,8 @@ class AccountQueries(SqlBase):
                     prefix=key.prefix,
                     secret_hash=secret_hash,
                     scopes=",".join(sorted(key.scopes)),
-                    created_at=int(time.time()),
+                    name=key.name,
+                    created_at=key.created_at,
                 )
             )
 
@@ -67,11 +103,43 @@ class AccountQueries(SqlBase):
                     select(t.api_keys).where(t.api_keys.c.secret_hash == secret_hash)
                 )
             ).first()
-        if row is None:
-            return None
-        return ApiKey(
-            id=row.id, org_id=row.org_id, prefix=row.prefix, scopes=frozenset(row.scopes.split(","))
-        )
+        return _key_of(row) if row else None
+
+    async def list_api_keys(self, org_id: str) -> list[ApiKey]:
+        k = t.api_keys
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(k).where(k.c.org_id == org_id).order_by(k.c.created_at, k.c.id)
+                )
+            ).all()
+        return [_key_of(r) for r in rows]
+
+    async def revoke_api_key(self, key_id: str, now: int) -> ApiKey | None:
+        k = t.api_keys
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(k).where(k.c.id == key_id, k.c.revoked_at.is_(None)).values(revoked_at=now)
+            )
+            row = (await conn.execute(select(k).where(k.c.id == key_id))).first()
+        return _key_of(row) if row else None
+
+    async def touch_api_key(self, key_id: str, now: int, resolution_s: int) -> None:
+        k = t.api_keys
+        try:
+            async with self.engine.begin() as conn:
+                # The condition makes concurrent requests of one key write once per interval.
+                await conn.execute(
+                    update(k)
+                    .where(
+                        k.c.id == key_id,
+                        or_(k.c.last_used_at.is_(None), k.c.last_used_at <= now - resolution_s),
+                    )
+                    .values(last_used_at=now)
+                )
+        except SQLAlchemyError:
+            # A bookkeeping column: a busy or full database must not turn a valid key away.
+            log.warning("could not record the use of API key %s", key_id, exc_info=True)
 
     # ---- catalog ----------------------------------------------------------------------
 
@@ -110,7 +178,32 @@ class AccountQueries(SqlBase):
     # ---- billing ----------------------------------------------------------------------
 
     async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
+        return (await self.credit(org_id, amount, note, now)).balance
+
+    async def credit(self, org_id: str, amount: int, note: str | None, now: int) -> Ledger:
+        if amount > MAX_CREDIT:  # the service says so first; this keeps the SQL in int64
+            raise InvalidInput(
+                f"A credit can be at most {MAX_CREDIT_USD} USD.", code="invalid_value", param="usd"
+            )
+        o = t.orgs
         async with self.engine.begin() as conn:
+            # The cap is part of the update, so two concurrent credits cannot pass it together.
+            raised = await conn.execute(
+                update(o)
+                .where(o.c.id == org_id, o.c.balance <= MAX_BALANCE - amount)
+                .values(balance=o.c.balance + amount)
+            )
+            if not raised.rowcount:
+                balance = (await conn.execute(select(o.c.balance).where(o.c.id == org_id))).scalar()
+                if balance is None:
+                    raise NotFound("No such organization.")
+                raise InvalidInput(
+                    f"This credit would raise the balance from {pico_to_usd(balance)} to "
+                    f"{pico_to_usd(balance + amount)} USD; a balance can be at most "
+                    f"{MAX_BALANCE_USD} USD. Nothing was credited.",
+                    code="balance_limit",
+                    param="usd",
+                )
             await conn.execute(
                 insert(t.credits).values(
                     id=f"cr_{uuid.uuid4().hex}",
@@ -120,40 +213,25 @@ class AccountQueries(SqlBase):
                     created_at=now,
                 )
             )
-            await conn.execute(
-                update(t.orgs)
-                .where(t.orgs.c.id == org_id)
-                .values(balance=t.orgs.c.balance + amount)
-            )
-            balance = (
-                await conn.execute(select(t.orgs.c.balance).where(t.orgs.c.id == org_id))
-            ).scalar_one()
-        return int(balance)
+            return await self._ledger(conn, org_id)
 
     async def ledger(self, org_id: str) -> Ledger:
         async with self.engine.connect() as conn:
-            credits = (
-                await conn.execute(
-                    select(func.coalesce(func.sum(t.credits.c.amount), 0)).where(
-                        t.credits.c.org_id == org_id
-                    )
-                )
-            ).scalar_one()
-            charges, receipts = (
-                await conn.execute(
-                    select(func.coalesce(func.sum(t.receipts.c.amount), 0), func.count()).where(
-                        t.receipts.c.org_id == org_id
-                    )
-                )
-            ).one()
-            org = (
-                await conn.execute(
-                    select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
-                )
-            ).one()
-        return Ledger(
-            int(credits), int(charges), int(org.balance), int(org.reserved), int(receipts)
-        )
+            return await self._ledger(conn, org_id)
+
+    async def _ledger(self, conn: AsyncConnection, org_id: str) -> Ledger:
+        c, r = t.credits, t.receipts
+        credits = await _exact_sum(conn, c.c.amount, c.c.org_id == org_id)
+        charges = await _exact_sum(conn, r.c.amount, r.c.org_id == org_id)
+        receipts = (
+            await conn.execute(select(func.count()).where(r.c.org_id == org_id))
+        ).scalar_one()
+        org = (
+            await conn.execute(
+                select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
+            )
+        ).one()
+        return Ledger(credits, charges, int(org.balance), int(org.reserved), int(receipts))
 
     async def balances(self, org_ids: Sequence[str]) -> dict[str, int]:
         if not org_ids:

@@ -21,8 +21,8 @@ from backfill.adapters.db.rows import (
     file_values,
 )
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
-from backfill.domain.money import pico_to_usd
-from backfill.errors import Conflict, PaymentRequired, RateLimited
+from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
+from backfill.errors import Conflict, InvalidInput, PaymentRequired, RateLimited
 from backfill.ports import (
     Admission,
     BatchRecord,
@@ -30,16 +30,60 @@ from backfill.ports import (
     LineRef,
     Page,
 )
+from backfill.services.files import retained_input_limit
 
 _INSERT_CHUNK = 5000
+_MAX_ID_CHARS = 64  # the id columns' width
+
+
+def _plausible_id(value: str) -> bool:
+    """Whether ``value`` could be an id at all; others (NUL, huge) never reach the database."""
+    return len(value) <= _MAX_ID_CHARS and value.isprintable()
+
+
+def _unknown_anchor(kind: str, after: str) -> InvalidInput:
+    # The same answer for an id of another org as for one that never existed.
+    return InvalidInput(
+        f"'after' must be the id of a {kind} of this organization from an earlier page; "
+        f"{after[:_MAX_ID_CHARS]!r} is not one.",
+        code="invalid_value",
+        param="after",
+    )
 
 
 class BatchQueries(SqlBase):
     # ---- files ------------------------------------------------------------------------
 
-    async def create_file(self, record: FileRecord) -> None:
-        async with self.engine.begin() as conn:
+    async def create_file(self, record: FileRecord, max_retained_bytes: int | None = None) -> None:
+        async with self.writing() as conn:
+            if max_retained_bytes is not None:
+                # Under the org row's lock (PostgreSQL; SQLite has one writer) two uploads
+                # that each fit alone cannot both be stored past the limit.
+                await self._lock_org(conn, record.org_id)
+                retained = await self._retained(conn, record.org_id)
+                if retained + record.bytes > max_retained_bytes:
+                    raise retained_input_limit(retained, record.bytes, max_retained_bytes)
             await conn.execute(insert(t.files).values(**file_values(record)))
+
+    async def retained_input_bytes(self, org_id: str) -> int:
+        async with self.engine.connect() as conn:
+            return await self._retained(conn, org_id)
+
+    async def _retained(self, conn: AsyncConnection, org_id: str) -> int:
+        f = t.files
+        total = (
+            await conn.execute(
+                select(func.coalesce(func.sum(f.c.bytes), 0)).where(
+                    f.c.org_id == org_id, f.c.purpose == "batch", f.c.status != "deleted"
+                )
+            )
+        ).scalar_one()
+        return int(total)
+
+    async def _lock_org(self, conn: AsyncConnection, org_id: str) -> None:
+        if not self.is_sqlite:
+            o = t.orgs
+            await conn.execute(select(o.c.id).where(o.c.id == org_id).with_for_update())
 
     async def get_file(self, org_id: str, file_id: str) -> FileRecord | None:
         async with self.engine.connect() as conn:
@@ -58,12 +102,19 @@ class BatchQueries(SqlBase):
             query = query.where(t.files.c.purpose == purpose)
         async with self.engine.connect() as conn:
             if after:
+                f = t.files
                 anchor = (
-                    await conn.execute(select(t.files.c.seq).where(t.files.c.id == after))
-                ).scalar()
-                if anchor is not None:
-                    cond = t.files.c.seq > anchor if ascending else t.files.c.seq < anchor
-                    query = query.where(cond)
+                    (
+                        await conn.execute(
+                            select(f.c.seq).where(f.c.id == after, f.c.org_id == org_id)
+                        )
+                    ).scalar()
+                    if _plausible_id(after)
+                    else None
+                )
+                if anchor is None:
+                    raise _unknown_anchor("file", after)
+                query = query.where(f.c.seq > anchor if ascending else f.c.seq < anchor)
             order = t.files.c.seq.asc() if ascending else t.files.c.seq.desc()
             rows = (await conn.execute(query.order_by(order).limit(limit + 1))).all()
         return Page(items=[file_of(r) for r in rows[:limit]], has_more=len(rows) > limit)
@@ -93,7 +144,7 @@ class BatchQueries(SqlBase):
         return [file_of(r) for r in rows]
 
     async def set_file_expiry(self, file_id: str, expires_at: int) -> None:
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             await conn.execute(
                 update(t.files).where(t.files.c.id == file_id).values(expires_at=expires_at)
             )
@@ -122,12 +173,18 @@ class BatchQueries(SqlBase):
         values["seq"] = time.time_ns()
         values["reserved"] = admission.reserve
         o = t.orgs
-        async with self.engine.begin() as conn:
+        if admission.reserve > MAX_BALANCE:
+            # No balance can cover it, and the number would not fit the reserved column.
+            raise PaymentRequired(
+                f"This batch needs {pico_to_usd(admission.reserve)} USD of credit for its worst "
+                f"case, more than any balance may hold ({MAX_BALANCE_USD} USD); split the file "
+                "or lower max_tokens."
+            )
+        async with self.writing() as conn:
             # The org row's lock (PostgreSQL; SQLite has one writer) orders concurrent creations
             # of one org: each sees the ones before it, so none overspends, and a replay of an
             # idempotency key finds the original instead of being refused for its credit.
-            if not self.is_sqlite:
-                await conn.execute(select(o.c.id).where(o.c.id == batch.org_id).with_for_update())
+            await self._lock_org(conn, batch.org_id)
             if batch.idempotency_key is not None:
                 b = t.batches
                 taken = await conn.execute(
@@ -196,21 +253,9 @@ class BatchQueries(SqlBase):
                 code="too_many_unfinished_batches",
                 retry_after_s=60,
             )
-        f = t.files
-        retained = (
-            await conn.execute(
-                select(func.coalesce(func.sum(f.c.bytes), 0)).where(
-                    f.c.org_id == batch.org_id, f.c.purpose == "batch", f.c.status != "deleted"
-                )
-            )
-        ).scalar_one()
+        retained = await self._retained(conn, batch.org_id)
         if retained > admission.max_retained_input_bytes:
-            raise RateLimited(
-                f"This organization keeps {retained} bytes of input files (the limit is "
-                f"{admission.max_retained_input_bytes}); delete input files you no longer need "
-                "(DELETE /v1/files/{id}) and retry.",
-                code="retained_input_limit",
-            )
+            raise retained_input_limit(retained, 0, admission.max_retained_input_bytes)
         if admission.throughput_tokens_per_s:
             await self._check_capacity(conn, batch, admission.throughput_tokens_per_s)
 
@@ -229,12 +274,14 @@ class BatchQueries(SqlBase):
         )
         window = batch.expires_at - batch.created_at
         if queued + batch.output_token_bound > rate * window:
+            # The queue holds other orgs' work: say only when to retry, rounded up to whole
+            # minutes so the wait does not measure their volume to the token.
             wait = -(-(queued + batch.output_token_bound - rate * window) // rate)
+            wait = -(-wait // 60) * 60
             raise RateLimited(
-                f"{batch.model} has {queued} output tokens queued; with this batch's "
-                f"{batch.output_token_bound} it cannot finish inside the {batch.completion_window} "
-                f"window at {rate} tokens/s. Retry in about {wait}s, use a longer window, or split "
-                "the file.",
+                f"{batch.model} cannot take this batch's {batch.output_token_bound} output tokens "
+                f"inside its {batch.completion_window} window now. Retry in about {wait}s, use a "
+                "longer window, or split the file.",
                 code="capacity_exceeded",
                 retry_after_s=int(wait),
             )
@@ -248,7 +295,7 @@ class BatchQueries(SqlBase):
                 if self.is_sqlite
                 else pg_insert(t.items).on_conflict_do_nothing()
             )
-            async with self.engine.begin() as conn:
+            async with self.writing() as conn:
                 await conn.execute(
                     stmt,
                     [
@@ -287,11 +334,19 @@ class BatchQueries(SqlBase):
         query = select(t.batches).where(t.batches.c.org_id == org_id)
         async with self.engine.connect() as conn:
             if after:
+                b = t.batches
                 anchor = (
-                    await conn.execute(select(t.batches.c.seq).where(t.batches.c.id == after))
-                ).scalar()
-                if anchor is not None:
-                    query = query.where(t.batches.c.seq < anchor)
+                    (
+                        await conn.execute(
+                            select(b.c.seq).where(b.c.id == after, b.c.org_id == org_id)
+                        )
+                    ).scalar()
+                    if _plausible_id(after)
+                    else None
+                )
+                if anchor is None:
+                    raise _unknown_anchor("batch", after)
+                query = query.where(b.c.seq < anchor)
             rows = (
                 await conn.execute(query.order_by(t.batches.c.seq.desc()).limit(limit + 1))
             ).all()
@@ -304,7 +359,7 @@ class BatchQueries(SqlBase):
         column = TIMESTAMP_OF.get(BatchStatus(to))
         if column:
             values[column] = now
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             result = await conn.execute(
                 update(t.batches)
                 .where(t.batches.c.id == batch_id, t.batches.c.status.in_(list(from_statuses)))

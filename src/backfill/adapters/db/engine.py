@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from backfill.adapters.db.migrate import upgrade
+from backfill.errors import StorageError
+
+# PostgreSQL's class 53 "insufficient resources": disk_full, out_of_memory, too_many_connections.
+_PG_NO_ROOM = "53"
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -34,6 +42,16 @@ def async_url(url: str) -> str:
     return url
 
 
+def out_of_room(exc: DBAPIError) -> bool:
+    """Whether the database refused a write for lack of disk (or of another resource that a
+    later retry may find): SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE class 53."""
+    orig = exc.orig
+    if isinstance(orig, sqlite3.Error):
+        return getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(_PG_NO_ROOM)
+
+
 class SqlBase:
     """The engine and the schema; the query mixins of ``SqlStore`` build on it."""
 
@@ -57,6 +75,21 @@ class SqlBase:
             if not self.is_sqlite:
                 await conn.execute(text("SELECT pg_advisory_xact_lock(4242001)"))
             await conn.run_sync(upgrade)
+
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction whose "disk full" becomes StorageError (503, retryable): the
+        transaction rolled back, so nothing is left and the same call may be sent again."""
+        try:
+            async with self.engine.begin() as conn:
+                yield conn
+        except DBAPIError as exc:
+            if not out_of_room(exc):
+                raise
+            raise StorageError(
+                "The database has no room left for this write; nothing was stored. Retry "
+                "later, once an operator has freed space."
+            ) from exc
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -15,6 +15,7 @@ from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
 from backfill.errors import NotFound, Unauthorized
+from backfill.ports import ApiKey
 
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
 
@@ -36,19 +37,22 @@ def _json(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
+# Names and amounts are checked by the services (printable, lengths, money caps) so the CLI
+# gets the same answers; the bounds here only keep absurd inputs from reaching them.
 class OrgIn(BaseModel):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(max_length=1000)
 
 
 class KeyIn(BaseModel):
-    org: str
-    scopes: list[str] = ["inference:write", "requests:read"]
+    org: str = Field(max_length=1000)
+    scopes: list[str] = Field(default=["inference:write", "requests:read"], max_length=10)
+    name: str | None = Field(default=None, max_length=1000)
 
 
 class CreditIn(BaseModel):
-    org: str
-    usd: str
-    note: str | None = None
+    org: str = Field(max_length=1000)
+    usd: str = Field(max_length=64)
+    note: str | None = Field(default=None, max_length=1000)
 
 
 class PricingIn(BaseModel):
@@ -88,6 +92,19 @@ def ledger_object(org: str, ledger: Any) -> dict[str, Any]:
     }
 
 
+def key_object(key: ApiKey) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "object": "api_key",
+        "name": key.name,
+        "prefix": key.prefix,
+        "scopes": sorted(key.scopes),
+        "created_at": key.created_at,
+        "last_used_at": key.last_used_at,
+        "revoked_at": key.revoked_at,
+    }
+
+
 @router.post("/orgs")
 async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
     org = await svc.tenants.create_org(body.name)
@@ -96,14 +113,26 @@ async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
 
 @router.post("/keys")
 async def create_key(body: KeyIn, _: Admin, svc: Svc) -> Response:
-    return _json({"key": await svc.tenants.create_key(body.org, frozenset(body.scopes))})
+    made = await svc.tenants.new_key(body.org, frozenset(body.scopes), body.name)
+    return _json({"key": made.secret, **key_object(made.key)})
+
+
+@router.get("/orgs/{name}/keys")
+async def list_keys(name: str, _: Admin, svc: Svc) -> Response:
+    keys = await svc.tenants.keys(name)
+    return _json(list_object([key_object(k) for k in keys], False))
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, _: Admin, svc: Svc) -> Response:
+    return _json(key_object(await svc.tenants.revoke_key(key_id)))
 
 
 @router.post("/credits")
 async def add_credit(body: CreditIn, _: Admin, svc: Svc) -> Response:
-    await svc.billing.add_credit(body.org, body.usd, body.note)
-    org = await svc.tenants.org(body.org)
-    return _json(ledger_object(body.org, await svc.billing.ledger(org.id)))
+    # The answer is what the crediting transaction committed: no second read that could fail
+    # after the money is in and tempt a retry that credits twice.
+    return _json(ledger_object(body.org, await svc.billing.credit(body.org, body.usd, body.note)))
 
 
 @router.get("/orgs/{name}/ledger")
