@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ def flip(path: Path, position: int) -> None:
     path.write_bytes(bytes(raw))
 
 
-DAMAGE = {
+DAMAGE: dict[str, Callable[[Path], object]] = {
     "byte flipped in segment 0": lambda p: flip(p, HEADER + 5),
     "byte flipped in segment 1": lambda p: flip(p, HEADER + SEGMENT + TAG + 5),
     "wrapped data key tampered": lambda p: flip(p, HEADER - 3),
@@ -116,7 +116,7 @@ async def test_damaged_content_is_an_error_envelope(tmp_path: Path, sim: Sim, da
 
 async def test_a_storage_outage_is_retryable(tmp_path: Path, sim: Sim) -> None:
     bucket = new_bucket()
-    settings = {
+    settings: dict[str, Any] = {
         "storage_url": f"s3://{bucket}/blobs",
         "s3_endpoint_url": moto_endpoint(),
         "s3_access_key_id": S3_CREDENTIALS["access_key_id"],
