@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
-from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
+from backfill.adapters.blobs.master import MasterKey, load_master_key, verify_master_key
 from backfill.adapters.blobs.raw import LocalRawStore, RawStore
 from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.adapters.clock import SystemClock
@@ -18,6 +20,7 @@ from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.http.app import create_app
 from backfill.adapters.http.deps import Services
+from backfill.adapters.private import private_dir, tighten_file
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
@@ -43,10 +46,19 @@ class Backfill:
     blobs: BlobStore
     services: Services
     worker: Worker | None
+    master: MasterKey
+    content: EncryptedBlobStore
+    clock: Clock
     processes: list[ManagedProcess] = field(default_factory=list)
 
-    async def start(self) -> None:
+    async def init(self) -> None:
+        """Bring the schema up to date and check the master key against the database."""
         await self.store.init()
+        floor = await verify_master_key(self.store, self.master, int(self.clock.now()))
+        self.content.legacy_reads = floor < 2
+
+    async def start(self) -> None:
+        await self.init()
         await self.seed_catalog()
         for process in self.processes:
             await process.start()
@@ -106,6 +118,22 @@ def _catalog_model(m: ModelSettings) -> CatalogModel:
     )
 
 
+def _private_sqlite(store: SqlStore) -> None:
+    """Make the SQLite database 0600 before SQLite opens it: SQLite gives its -wal and -shm
+    files the database file's mode, so they follow."""
+    if not store.is_sqlite:
+        return
+    database = make_url(store.url).database
+    if not database or database == ":memory:":
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        private_dir(path.parent)
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if name == path or name.exists():
+            tighten_file(name)
+
+
 def _raw_store(settings: Settings) -> RawStore:
     if settings.storage_url.startswith("s3://"):
         return S3RawStore(
@@ -163,14 +191,16 @@ def build(
     engines: list[Engine] | None = None,
 ) -> Backfill:
     clock = clock or SystemClock()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     store = SqlStore(settings.resolved_database_url)
+    _private_sqlite(store)
     if settings.storage_url.startswith("s3://") and not settings.master_key:
         raise ValueError(
             "With shared object storage every process needs the same master key: set "
             "master_key (BACKFILL_MASTER_KEY) to base64 of 32 random bytes."
         )
-    keyring = Keyring.from_settings(settings.master_key, settings.data_dir / "master.key")
+    master = load_master_key(settings.master_key, settings.data_dir / "master.key")
+    keyring = master.keyring
     blobs = EncryptedBlobStore(_raw_store(settings), keyring)
     catalog = CatalogService(store, clock)
     limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
@@ -235,4 +265,4 @@ def build(
         operations.observers.append(worker.observe)
         batches.created_listeners.append(worker.note_created)
         batches.cancel_listeners.append(worker.stop_starting)
-    return Backfill(settings, store, blobs, services, worker, processes)
+    return Backfill(settings, store, blobs, services, worker, master, blobs, clock, processes)

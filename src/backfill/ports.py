@@ -420,6 +420,36 @@ class Store(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KeyringRecord:
+    """What the database knows about the master key its content was sealed with."""
+
+    check_value: str
+    min_blob_format: int
+    """The oldest blob format still accepted on read (1 until old blobs are re-encrypted)."""
+    created_at: int
+
+
+class KeyringStore(Protocol):
+    """The master-key check value and blob-format floor, and the content they guard."""
+
+    async def keyring(self) -> KeyringRecord | None: ...
+
+    async def init_keyring(self, record: KeyringRecord) -> KeyringRecord:
+        """Store ``record`` unless one is stored already; returns the stored one."""
+        ...
+
+    async def set_min_blob_format(self, version: int) -> None: ...
+
+    async def holds_content(self) -> bool:
+        """Whether any file or batch exists (content sealed under some master key)."""
+        ...
+
+    async def stored_file_ids(self, after: str | None, limit: int) -> list[str]:
+        """Ids of files not deleted, in id order, after ``after``."""
+        ...
+
+
 class Catalog(Protocol):
     async def find(self, name: str, org_id: str | None = None) -> CatalogModel | None:
         """The model ``name`` as ``org_id`` sees it (private deployments only to their owner)."""

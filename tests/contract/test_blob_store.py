@@ -4,31 +4,34 @@ from __future__ import annotations
 
 import base64
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG, Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
-from backfill.adapters.blobs.raw import LocalRawStore, MemoryRawStore
+from backfill.adapters.blobs.master import load_master_key
+from backfill.adapters.blobs.raw import LocalRawStore, MemoryRawStore, RawStore
 from backfill.adapters.blobs.s3 import S3RawStore
-from backfill.errors import BackfillError, NotFound
+from backfill.errors import ContentUnreadable
 from backfill.ports import BlobStore
 from tests.support import S3_CREDENTIALS, moto_endpoint, new_bucket
 
 KEY = "files/blob-under-test"
 SIZES = [0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 1, 3 * SEGMENT + 7]
-# What a read of damaged ciphertext may raise: never plaintext, never silence.
-DAMAGED = (InvalidTag, ValueError, BackfillError)
+# What a read of damaged ciphertext raises: never plaintext, never silence, never a retry.
+DAMAGED = ContentUnreadable
 
 
 @dataclass
 class Backend:
     store: EncryptedBlobStore
+    raw: RawStore
+    """The stored bytes under the encryption, as someone with storage access sees them."""
     reopen: Callable[[], EncryptedBlobStore]
     """A fresh store over the same stored bytes (no caches), as another process would see it."""
     root: Path | None = None
@@ -37,13 +40,15 @@ class Backend:
 
 def _memory(_: Path, keyring: Keyring) -> Backend:
     raw = MemoryRawStore()
-    return Backend(EncryptedBlobStore(raw, keyring), lambda: EncryptedBlobStore(raw, keyring))
+    return Backend(EncryptedBlobStore(raw, keyring), raw, lambda: EncryptedBlobStore(raw, keyring))
 
 
 def _local(tmp_path: Path, keyring: Keyring) -> Backend:
     root = tmp_path / "blobs"
+    raw = LocalRawStore(root)
     return Backend(
-        EncryptedBlobStore(LocalRawStore(root), keyring),
+        EncryptedBlobStore(raw, keyring),
+        raw,
         lambda: EncryptedBlobStore(LocalRawStore(root), keyring),
         root,
     )
@@ -52,12 +57,13 @@ def _local(tmp_path: Path, keyring: Keyring) -> Backend:
 def _s3(_: Path, keyring: Keyring) -> Backend:
     url = f"s3://{new_bucket()}/blobs"
 
-    def open_store() -> EncryptedBlobStore:
-        return EncryptedBlobStore(
-            S3RawStore(url, endpoint_url=moto_endpoint(), **S3_CREDENTIALS), keyring
-        )
+    def open_raw() -> S3RawStore:
+        return S3RawStore(url, endpoint_url=moto_endpoint(), **S3_CREDENTIALS)
 
-    return Backend(open_store(), open_store)
+    def open_store() -> EncryptedBlobStore:
+        return EncryptedBlobStore(open_raw(), keyring)
+
+    return Backend(open_store(), open_raw(), open_store)
 
 
 BACKENDS: dict[str, Callable[[Path, Keyring], Backend]] = {
@@ -163,24 +169,26 @@ async def test_range_end_past_the_blob_is_clamped(blobs: BlobStore) -> None:
     assert await blobs.read(KEY, SEGMENT, 10 * SEGMENT) == data[SEGMENT:]
 
 
-async def test_delete_then_read_raises_not_found(blobs: BlobStore, backend: Backend) -> None:
+async def test_delete_then_read_raises_content_unreadable(
+    blobs: BlobStore, backend: Backend
+) -> None:
     await put(blobs, KEY, os.urandom(SEGMENT + 1))
     assert await blobs.read(KEY, 0, 10)  # warm any cache
     await blobs.delete(KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.read(KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await collect(blobs, KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.size(KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await backend.reopen().read(KEY)
 
 
-async def test_missing_key_raises_not_found(blobs: BlobStore) -> None:
-    with pytest.raises(NotFound):
+async def test_missing_key_raises_content_unreadable(blobs: BlobStore) -> None:
+    with pytest.raises(ContentUnreadable):
         await blobs.read("files/never-written")
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.size("files/never-written")
 
 
@@ -189,7 +197,7 @@ async def test_delete_is_idempotent(blobs: BlobStore) -> None:
     await put(blobs, KEY, b"x")
     await blobs.delete(KEY)
     await blobs.delete(KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.read(KEY)
 
 
@@ -197,9 +205,9 @@ async def test_abort_leaves_nothing(blobs: BlobStore, backend: Backend) -> None:
     writer = await blobs.writer(KEY)
     await writer.write(os.urandom(2 * SEGMENT + 3))
     await writer.abort()
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.read(KEY)
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await backend.reopen().size(KEY)
     if backend.root is not None:
         assert [p for p in backend.root.rglob("*") if p.is_file()] == []
@@ -208,7 +216,7 @@ async def test_abort_leaves_nothing(blobs: BlobStore, backend: Backend) -> None:
 async def test_uncommitted_write_is_invisible(blobs: BlobStore) -> None:
     writer = await blobs.writer(KEY)
     await writer.write(os.urandom(SEGMENT + 3))
-    with pytest.raises(NotFound):
+    with pytest.raises(ContentUnreadable):
         await blobs.read(KEY)
     await writer.abort()
 
@@ -239,6 +247,88 @@ async def test_keys_are_independent(blobs: BlobStore) -> None:
     await put(blobs, "files/a.index", b)
     await blobs.delete("files/a.index")
     assert await blobs.read("files/a") == a
+
+
+# ---- binding to the storage key, and the old unbound format ------------------------------
+
+
+async def copy_raw(raw: RawStore, source: str, target: str) -> None:
+    """What an attacker with storage write access (and no master key) can do."""
+    data = await raw.read(source, 0, await raw.size(source))
+    writer = await raw.writer(target)
+    await writer.write(data)
+    await writer.commit()
+
+
+async def put_legacy(raw: RawStore, master: bytes, key: str, data: bytes) -> None:
+    """Write ``data`` in format 1 ("BFE1", not bound to its key), as releases before the
+    binding did."""
+    data_key, prefix, nonce = AESGCM.generate_key(bit_length=256), os.urandom(7), os.urandom(12)
+    wrapped = nonce + AESGCM(master).encrypt(nonce, data_key, b"backfill-data-key")
+    out = [b"BFE1" + SEGMENT.to_bytes(4, "big") + prefix + wrapped]
+    chunks = [data[i : i + SEGMENT] for i in range(0, len(data), SEGMENT)] or [b""]
+    for index, chunk in enumerate(chunks):
+        last = 1 if index == len(chunks) - 1 else 0
+        seal = prefix + index.to_bytes(4, "big") + bytes([last])
+        out.append(AESGCM(data_key).encrypt(seal, chunk, None))
+    writer = await raw.writer(key)
+    await writer.write(b"".join(out))
+    await writer.commit()
+
+
+@pytest.mark.parametrize("size", [0, 100, SEGMENT + 1])
+async def test_a_blob_copied_over_another_key_does_not_decrypt(backend: Backend, size: int) -> None:
+    secret = os.urandom(size)
+    await put(backend.store, "files/file-a", secret)
+    await put(backend.store, "files/file-b", os.urandom(50))
+    await copy_raw(backend.raw, "files/file-a", "files/file-b")
+    store = backend.reopen()
+    with pytest.raises(ContentUnreadable):
+        await store.read("files/file-b")
+    with pytest.raises(ContentUnreadable):
+        await store.size("files/file-b")
+    assert await store.read("files/file-a") == secret
+
+
+async def test_a_header_moved_onto_another_blob_does_not_decrypt(backend: Backend) -> None:
+    await put(backend.store, "files/file-a", os.urandom(300))
+    await put(backend.store, "files/file-b", os.urandom(300))
+    a = await backend.raw.read("files/file-a", 0, HEADER + 300 + TAG)
+    b = await backend.raw.read("files/file-b", 0, HEADER + 300 + TAG)
+    writer = await backend.raw.writer("files/file-b")
+    await writer.write(a[:HEADER] + b[HEADER:])
+    await writer.commit()
+    with pytest.raises(ContentUnreadable):
+        await backend.reopen().read("files/file-b")
+
+
+@pytest.mark.parametrize("size", [0, 5, SEGMENT, 2 * SEGMENT + 3])
+async def test_legacy_blobs_are_read_only_when_allowed(backend: Backend, size: int) -> None:
+    master = os.urandom(32)
+    data = os.urandom(size)
+    await put_legacy(backend.raw, master, KEY, data)
+    with pytest.raises(ContentUnreadable):
+        await EncryptedBlobStore(backend.raw, Keyring(master)).read(KEY)
+    legacy = EncryptedBlobStore(backend.raw, Keyring(master), legacy_reads=True)
+    assert await legacy.read(KEY) == data
+
+
+async def test_reencrypt_binds_a_legacy_blob(backend: Backend) -> None:
+    master = os.urandom(32)
+    data = os.urandom(2 * SEGMENT + 3)
+    await put_legacy(backend.raw, master, KEY, data)
+    store = EncryptedBlobStore(backend.raw, Keyring(master), legacy_reads=True)
+    assert await store.read(KEY, 0, 10) == data[:10]  # caches the old format's key
+    assert await store.reencrypt(KEY) is True
+    assert await store.reencrypt(KEY) is False
+    assert await store.reencrypt("files/never-written") is False
+    assert await store.read(KEY) == data
+    assert (await backend.raw.read(KEY, 0, 4)) == b"BFE2"
+    strict = EncryptedBlobStore(backend.raw, Keyring(master))
+    assert await strict.read(KEY) == data
+    await copy_raw(backend.raw, KEY, "files/other")
+    with pytest.raises(ContentUnreadable):
+        await strict.read("files/other")
 
 
 # ---- encryption at rest (local backend) -------------------------------------------------
@@ -361,32 +451,27 @@ async def test_a_different_master_key_cannot_read(local: Backend) -> None:
         await stranger.read(KEY)
 
 
-async def test_key_file_is_created_private_and_reused(tmp_path: Path) -> None:
-    key_file = tmp_path / "state" / "master.key"
-    first = Keyring.from_settings(None, key_file)
-    assert key_file.exists()
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    content = key_file.read_bytes()
-    assert len(base64.b64decode(content.strip())) == 32
-
+async def test_key_file_is_reused(tmp_path: Path) -> None:
+    key_file = tmp_path / "master.key"
+    key_file.write_bytes(base64.b64encode(os.urandom(32)) + b"\n")
+    first = load_master_key(None, key_file)
+    assert first.new is None
     root = tmp_path / "blobs"
     data = os.urandom(SEGMENT + 11)
-    await put(EncryptedBlobStore(LocalRawStore(root), first), KEY, data)
-
-    second = Keyring.from_settings(None, key_file)
-    assert key_file.read_bytes() == content
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    await put(EncryptedBlobStore(LocalRawStore(root), first.keyring), KEY, data)
+    second = load_master_key(None, key_file).keyring
     assert await EncryptedBlobStore(LocalRawStore(root), second).read(KEY) == data
 
 
 async def test_configured_master_key_wins_over_the_key_file(tmp_path: Path) -> None:
     master = os.urandom(32)
     key_file = tmp_path / "master.key"
-    keyring = Keyring.from_settings(base64.b64encode(master).decode(), key_file)
+    loaded = load_master_key(base64.b64encode(master).decode(), key_file)
+    assert loaded.new is None
     assert not key_file.exists()
     root = tmp_path / "blobs"
     data = os.urandom(1234)
-    await put(EncryptedBlobStore(LocalRawStore(root), keyring), KEY, data)
+    await put(EncryptedBlobStore(LocalRawStore(root), loaded.keyring), KEY, data)
     assert await EncryptedBlobStore(LocalRawStore(root), Keyring(master)).read(KEY) == data
 
 

@@ -28,7 +28,7 @@ async def opened(settings: Settings) -> AsyncIterator[Backfill]:
     from backfill.container import build
 
     backfill = build(settings, role="api")
-    await backfill.store.init()
+    await backfill.init()
     try:
         yield backfill
     finally:

@@ -8,12 +8,16 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
 
+from backfill.adapters.blobs.master import MasterKeyError
+from backfill.adapters.private import private_dir
 from backfill.cli import admin, batch
 from backfill.cli.common import load, opened
 from backfill.domain.money import usd_to_pico
@@ -42,9 +46,19 @@ def _logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+@contextmanager
+def _operator_errors() -> Iterator[None]:
+    """A master key the operator must fix ends the command with its message, not a traceback."""
+    try:
+        yield
+    except MasterKeyError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 def _lock(data_dir: Path) -> int:
     """One embedded process per data directory: it alone owns the queue's leases."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,6 +66,12 @@ def _lock(data_dir: Path) -> int:
         typer.echo(f"Another Backfill process is using {data_dir}; stop it first.", err=True)
         raise typer.Exit(1) from None
     return fd
+
+
+async def _check(settings: Settings) -> None:
+    """Open the database and check the master key before the server starts."""
+    async with opened(settings):
+        pass
 
 
 async def _bootstrap(settings: Settings) -> str | None:
@@ -112,14 +132,16 @@ def up(
     settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
     _logging(settings.log_level)
     _lock(settings.data_dir)
-    key = asyncio.run(_bootstrap(settings))
+    with _operator_errors():
+        key = asyncio.run(_bootstrap(settings))
     base = f"http://{settings.host}:{settings.port}/v1"
     if key:
         typer.secho("Created organization 'default'. Its API key (shown once):", bold=True)
         typer.echo(f"\n    {key}\n")
     typer.echo(f"Backfill is starting at {base} (data in {settings.data_dir}).")
     typer.echo(f"  export OPENAI_BASE_URL={base}")
-    _serve(settings, "all")
+    with _operator_errors():
+        _serve(settings, "all")
 
 
 @app.command()
@@ -135,7 +157,9 @@ def serve(
     _logging(settings.log_level)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)
-    _serve(settings, role)
+    with _operator_errors():
+        asyncio.run(_check(settings))
+        _serve(settings, role)
 
 
 @app.command()
@@ -212,3 +236,33 @@ def db_revision(
             await db.close()
 
     asyncio.run(write())
+
+
+@db_app.command("reencrypt")
+def db_reencrypt(
+    config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
+) -> None:
+    """Rewrite stored content of the old format (not bound to its file), then refuse that
+    format. Stop Backfill first."""
+    from rich.console import Console
+
+    from backfill.cli.reencrypt import reencrypt_all
+
+    settings = load(config)
+    if settings.resolved_database_url.startswith("sqlite"):
+        _lock(settings.data_dir)
+    with _operator_errors():
+        outcome = asyncio.run(reencrypt_all(settings, Console(stderr=True)))
+    for file_id, why in outcome.failed.items():
+        typer.echo(f"{file_id}: {why}", err=True)
+    if outcome.failed:
+        typer.echo(
+            f"{len(outcome.failed)} of {outcome.files} files could not be re-encrypted; the old "
+            "format stays accepted. Restore or delete those files and run this again.",
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.echo(
+        f"Re-encrypted {outcome.rewritten} blobs of {outcome.files} files; "
+        "content of the old format is refused from now on."
+    )

@@ -2,31 +2,43 @@
 
 Layout of an encrypted blob::
 
-    magic "BFE1" | segment size (u32) | nonce prefix (7 bytes) | wrapped data key (60 bytes)
+    magic "BFE2" | segment size (u32) | nonce prefix (7 bytes) | wrapped data key (60 bytes)
     segment 0 ciphertext + tag | segment 1 ciphertext + tag | ...
 
 Each segment's nonce is ``prefix || index (u32) || last (u8)``, so segments cannot be reordered
 and a truncated blob fails to decrypt. A plaintext range decrypts only the segments it touches.
+
+Format 2 binds a blob to its storage key: the wrapped data key is sealed with the header and the
+key as associated data, and every segment with the key, so a blob copied over another one (say,
+another tenant's file) fails to decrypt instead of being served under the wrong name. Format 1
+("BFE1") had no binding; it stays readable only while a database still has such blobs.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import hmac
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-MAGIC = b"BFE1"
+MAGIC = b"BFE2"
+LEGACY_MAGIC = b"BFE1"
 SEGMENT = 1024 * 1024
 TAG = 16
 _WRAPPED = 12 + 32 + TAG
 HEADER = len(MAGIC) + 4 + 7 + _WRAPPED
-_WRAP_AAD = b"backfill-data-key"
+_LEGACY_WRAP_AAD = b"backfill-data-key"
+_CHECK_MESSAGE = b"backfill master key check"
+
+
+class MasterKeyInvalid(ValueError):
+    """The configured master key is not base64 of 32 bytes; the message says what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,27 @@ class BlobKey:
     cipher: AESGCM
     prefix: bytes
     segment: int
+    aad: bytes | None
+    """Associated data of every segment: the storage key (format 2), None for format 1."""
+    version: int
+
+
+def decode_master_key(text: str | bytes, where: str) -> bytes:
+    """The 32 raw bytes of a base64 master key; ``where`` names its source in the error."""
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise MasterKeyInvalid(
+            f"The master key in {where} is not base64 of 32 bytes; restore the key this "
+            "database was written with (a new one can be made with: openssl rand -base64 32)."
+        )
+    return key
+
+
+def new_master_key() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
 
 
 class Keyring:
@@ -43,41 +76,49 @@ class Keyring:
 
     def __init__(self, master_key: bytes) -> None:
         if len(master_key) != 32:
-            raise ValueError("the master key must be 32 bytes (base64 of 32 random bytes)")
+            raise MasterKeyInvalid("the master key must be 32 bytes (base64 of 32 random bytes)")
         self._master = AESGCM(master_key)
-        derived = HKDF(
-            algorithm=hashes.SHA256(), length=32, salt=None, info=b"backfill-records"
-        ).derive(master_key)
-        self._records = AESGCM(derived)
+        self._records = AESGCM(_derive(master_key, b"backfill-records"))
+        self._check = _derive(master_key, b"backfill-key-check")
 
-    @classmethod
-    def from_settings(cls, master_key: str | None, key_file: Path) -> Keyring:
-        """Use the configured key, else the key file, creating it (mode 0600) on first start."""
-        if master_key:
-            return cls(base64.b64decode(master_key))
-        if not key_file.exists():
-            key_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(base64.b64encode(AESGCM.generate_key(bit_length=256)) + b"\n")
-        return cls(base64.b64decode(key_file.read_bytes().strip()))
+    def check_value(self) -> str:
+        """A value that identifies the master key without revealing it (stored in the database)."""
+        return hmac.new(self._check, _CHECK_MESSAGE, "sha256").hexdigest()
 
-    def new_header(self, segment: int = SEGMENT) -> tuple[bytes, BlobKey]:
+    def matches(self, check_value: str) -> bool:
+        return hmac.compare_digest(self.check_value(), check_value)
+
+    def new_header(self, key: str, segment: int = SEGMENT) -> tuple[bytes, BlobKey]:
+        """A format-2 header for the blob stored under ``key`` and the key to encrypt it."""
         data_key = AESGCM.generate_key(bit_length=256)
-        nonce = os.urandom(12)
-        wrapped = nonce + self._master.encrypt(nonce, data_key, _WRAP_AAD)
         prefix = os.urandom(7)
-        header = MAGIC + struct.pack(">I", segment) + prefix + wrapped
-        return header, BlobKey(AESGCM(data_key), prefix, segment)
+        start = MAGIC + struct.pack(">I", segment) + prefix
+        nonce = os.urandom(12)
+        wrapped = nonce + self._master.encrypt(nonce, data_key, _wrap_aad(start, key))
+        return start + wrapped, BlobKey(AESGCM(data_key), prefix, segment, key.encode(), 2)
 
-    def parse_header(self, header: bytes) -> BlobKey:
-        if len(header) < HEADER or header[:4] != MAGIC:
-            raise ValueError("not an encrypted Backfill blob")
+    def parse_header(self, header: bytes, key: str, *, legacy: bool) -> BlobKey:
+        """The blob key from a header; raises ValueError or InvalidTag when it cannot be used.
+
+        ``legacy`` allows format 1, which is not bound to its storage key.
+        """
+        if len(header) < HEADER:
+            raise ValueError("truncated header")
+        magic, start, wrapped = header[:4], header[:15], header[15:HEADER]
         (segment,) = struct.unpack(">I", header[4:8])
-        prefix = header[8:15]
-        wrapped = header[15:HEADER]
-        data_key = self._master.decrypt(wrapped[:12], wrapped[12:], _WRAP_AAD)
-        return BlobKey(AESGCM(data_key), prefix, segment)
+        if segment == 0:
+            raise ValueError("segment size 0")
+        if magic == MAGIC:
+            aad, version = _wrap_aad(start, key), 2
+        elif magic == LEGACY_MAGIC and legacy:
+            aad, version = _LEGACY_WRAP_AAD, 1
+        elif magic == LEGACY_MAGIC:
+            raise ValueError("format 1 is no longer accepted")
+        else:
+            raise ValueError("not an encrypted Backfill blob")
+        data_key = self._master.decrypt(wrapped[:12], wrapped[12:], aad)
+        segment_aad = key.encode() if version == 2 else None
+        return BlobKey(AESGCM(data_key), header[8:15], segment, segment_aad, version)
 
     def seal(self, data: bytes, context: bytes) -> bytes:
         nonce = os.urandom(12)
@@ -85,6 +126,21 @@ class Keyring:
 
     def open(self, data: bytes, context: bytes) -> bytes:
         return self._records.decrypt(data[:12], data[12:], context)
+
+
+def _derive(master_key: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master_key)
+
+
+def _wrap_aad(header_start: bytes, key: str) -> bytes:
+    # The header fields before the wrapped key, then the storage key: a header moved to another
+    # blob, or edited in place, no longer unwraps.
+    return header_start + b"\x00" + key.encode()
+
+
+def header_version(header: bytes) -> int | None:
+    """1 or 2 for a Backfill blob header, None for anything else."""
+    return {LEGACY_MAGIC: 1, MAGIC: 2}.get(header[:4])
 
 
 def segment_nonce(key: BlobKey, index: int, last: bool) -> bytes:

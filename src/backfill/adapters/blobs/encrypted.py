@@ -12,11 +12,12 @@ from backfill.adapters.blobs.crypto import (
     TAG,
     BlobKey,
     Keyring,
+    header_version,
     plaintext_size,
     segment_nonce,
 )
 from backfill.adapters.blobs.raw import RawStore, RawWriter
-from backfill.errors import StorageError
+from backfill.errors import ContentUnreadable, NotFound
 from backfill.ports import BlobWriter
 
 _CACHE_SEGMENTS = 16
@@ -46,12 +47,12 @@ class _EncryptingWriter:
             chunk = bytes(self._pending[:seg])
             del self._pending[:seg]
             nonce = segment_nonce(self._key, self._index, last=False)
-            await self._put(self._key.cipher.encrypt(nonce, chunk, None))
+            await self._put(self._key.cipher.encrypt(nonce, chunk, self._key.aad))
             self._index += 1
 
     async def commit(self) -> int:
         nonce = segment_nonce(self._key, self._index, last=True)
-        await self._put(self._key.cipher.encrypt(nonce, bytes(self._pending), None))
+        await self._put(self._key.cipher.encrypt(nonce, bytes(self._pending), self._key.aad))
         self._pending.clear()
         await self._raw.commit()
         return self._size
@@ -61,17 +62,24 @@ class _EncryptingWriter:
 
 
 class EncryptedBlobStore:
-    """Per-blob data keys wrapped by the master key; range reads decrypt touched segments."""
+    """Per-blob data keys wrapped by the master key; range reads decrypt touched segments.
 
-    def __init__(self, raw: RawStore, keyring: Keyring) -> None:
+    Content that is missing, damaged or sealed under another key raises ``ContentUnreadable``
+    (no retry can help); the raw store's ``StorageError`` for an outage passes through.
+    ``legacy_reads`` allows format-1 blobs, which are not bound to their key: only while the
+    database says some may remain (``keyring.min_blob_format`` = 1).
+    """
+
+    def __init__(self, raw: RawStore, keyring: Keyring, *, legacy_reads: bool = False) -> None:
         self._raw = raw
         self._keyring = keyring
+        self.legacy_reads = legacy_reads
         self._keys: OrderedDict[str, tuple[BlobKey, int, int]] = OrderedDict()
         self._segments: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
     async def writer(self, key: str) -> BlobWriter:
         self._forget(key)
-        header, blob_key = self._keyring.new_header()
+        header, blob_key = self._keyring.new_header(key)
         return _EncryptingWriter(await self._raw.writer(key), blob_key, header)
 
     async def _open(self, key: str) -> tuple[BlobKey, int, int]:
@@ -79,13 +87,18 @@ class EncryptedBlobStore:
         if cached is not None:
             self._keys.move_to_end(key)
             return cached
-        raw_size = await self._raw.size(key)
         try:
-            blob_key = self._keyring.parse_header(await self._raw.read(key, 0, HEADER))
+            raw_size = await self._raw.size(key)
+            header = await self._raw.read(key, 0, HEADER)
+        except NotFound:
+            raise ContentUnreadable(f"Stored content {key!r} is missing.") from None
+        try:
+            blob_key = self._keyring.parse_header(header, key, legacy=self.legacy_reads)
             size, count = plaintext_size(raw_size, blob_key.segment)
         except (ValueError, InvalidTag):
-            raise StorageError(
-                f"Stored content {key!r} is damaged or was written with another master key."
+            raise ContentUnreadable(
+                f"Stored content {key!r} is damaged, belongs to another file, or was written "
+                "with another master key."
             ) from None
         entry = (blob_key, size, count)
         self._keys[key] = entry
@@ -99,12 +112,17 @@ class EncryptedBlobStore:
             self._segments.move_to_end((key, index))
             return cached
         span = blob_key.segment + TAG
-        data = await self._raw.read(key, HEADER + index * span, span)
+        try:
+            data = await self._raw.read(key, HEADER + index * span, span)
+        except NotFound:
+            raise ContentUnreadable(f"Stored content {key!r} is missing.") from None
         nonce = segment_nonce(blob_key, index, last=index == count - 1)
         try:
-            plain = blob_key.cipher.decrypt(nonce, data, None)
+            plain = blob_key.cipher.decrypt(nonce, data, blob_key.aad)
         except InvalidTag:
-            raise StorageError(f"Stored content {key!r} is damaged (segment {index}).") from None
+            raise ContentUnreadable(
+                f"Stored content {key!r} is damaged (segment {index})."
+            ) from None
         self._segments[(key, index)] = plain
         if len(self._segments) > _CACHE_SEGMENTS:
             self._segments.popitem(last=False)
@@ -130,6 +148,27 @@ class EncryptedBlobStore:
             hi = min(len(plain), end - index * seg)
             yield plain[lo:hi]
             position = index * seg + hi
+
+    async def reencrypt(self, key: str) -> bool:
+        """Rewrite a format-1 blob as format 2 under the same key; False when there is nothing
+        to do (already format 2, or no blob). The rewrite replaces the blob atomically."""
+        try:
+            version = header_version(await self._raw.read(key, 0, HEADER))
+        except NotFound:
+            return False
+        if version != 1:
+            return False
+        old = EncryptedBlobStore(self._raw, self._keyring, legacy_reads=True)
+        writer = await self.writer(key)
+        try:
+            async for part in old.stream(key):
+                await writer.write(part)
+        except BaseException:
+            await writer.abort()
+            raise
+        await writer.commit()
+        self._forget(key)
+        return True
 
     async def delete(self, key: str) -> None:
         self._forget(key)

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+from backfill.adapters.private import create_private, private_dir
 from backfill.errors import NotFound, StorageError
 
 
@@ -36,7 +37,7 @@ class _LocalWriter:
     def __init__(self, tmp: Path, final: Path) -> None:
         self._tmp = tmp
         self._final = final
-        self._fh = open(tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._fh = os.fdopen(create_private(tmp), "wb")
 
     async def write(self, data: bytes) -> None:
         try:
@@ -56,7 +57,8 @@ class _LocalWriter:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
-        self._final.parent.mkdir(parents=True, exist_ok=True)
+        if not self._final.parent.is_dir():
+            private_dir(self._final.parent)
         os.replace(self._tmp, self._final)
         dir_fd = os.open(self._final.parent, os.O_RDONLY)
         try:
@@ -77,7 +79,8 @@ class LocalRawStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._tmp = root / ".tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        private_dir(root)
+        private_dir(self._tmp)
         # Partial writes of a process that died are garbage: nobody can reference them.
         for leftover in self._tmp.iterdir():
             leftover.unlink(missing_ok=True)
@@ -100,12 +103,16 @@ class LocalRawStore:
                 return fh.read(length)
         except FileNotFoundError:
             raise NotFound(f"No content stored under {key!r}.") from None
+        except OSError as exc:
+            raise StorageError(f"Could not read stored content: {exc.strerror}.") from None
 
     async def size(self, key: str) -> int:
         try:
             return self._path(key).stat().st_size
         except FileNotFoundError:
             raise NotFound(f"No content stored under {key!r}.") from None
+        except OSError as exc:
+            raise StorageError(f"Could not read stored content: {exc.strerror}.") from None
 
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

@@ -160,6 +160,8 @@ class S3RawStore:
             async with response["Body"] as body:
                 data: bytes = await body.read()
                 return data
+        except BotoCoreError as exc:
+            raise StorageError(f"Object storage failed: {exc}") from None
         except ClientError as exc:
             if _missing(exc):
                 raise NotFound(f"No content stored under {key!r}.") from None
@@ -171,6 +173,8 @@ class S3RawStore:
         client = await self.client()
         try:
             head = await client.head_object(Bucket=self.location.bucket, Key=self.location.key(key))
+        except BotoCoreError as exc:
+            raise StorageError(f"Object storage failed: {exc}") from None
         except ClientError as exc:
             if _missing(exc):
                 raise NotFound(f"No content stored under {key!r}.") from None

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
+from backfill.adapters.db.keyring import KeyringQueries
 from backfill.adapters.db.queue import QueueQueries
 
 
-class SqlStore(AccountQueries, BatchQueries, QueueQueries):
+class SqlStore(AccountQueries, BatchQueries, KeyringQueries, QueueQueries):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

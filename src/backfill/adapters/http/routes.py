@@ -6,8 +6,9 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from backfill.adapters.http import download
 from backfill.adapters.http.deps import Services, principal, services
 from backfill.adapters.http.multipart import stream_form
 from backfill.adapters.http.presenters import (
@@ -81,26 +82,6 @@ async def delete_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     return _json({"id": record.id, "object": "file", "deleted": True})
 
 
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    if not header or not header.startswith("bytes="):
-        return None
-    spec = header.removeprefix("bytes=").strip()
-    if "," in spec:
-        return None
-    first, _, last = spec.partition("-")
-    try:
-        if first == "":
-            length = int(last)
-            return (max(0, size - length), size) if length > 0 else None
-        start = int(first)
-        end = int(last) + 1 if last else size
-    except ValueError:
-        return None
-    if start >= size or end <= start:
-        return None
-    return start, min(end, size)
-
-
 @router.get("/files/{file_id}/content", summary="Download a file's bytes (ETag, Range)")
 async def file_content(
     file_id: str,
@@ -112,24 +93,34 @@ async def file_content(
 ) -> Response:
     caller.require(READ)
     record = await svc.files.get(caller.org_id, file_id)
-    etag = f'"{record.id}"'
-    headers = {"ETag": etag, "Accept-Ranges": "bytes"}
-    if if_none_match == etag:
-        return Response(status_code=304, headers=headers)
-    span = _parse_range(range_, record.bytes)
-    if span is not None and (if_range is None or if_range == etag):
-        start, end = span
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{record.bytes}"
-        headers["Content-Length"] = str(end - start)
-        return StreamingResponse(
-            svc.files.content(record, start, end),
-            status_code=206,
-            media_type="application/jsonl",
-            headers=headers,
-        )
-    headers["Content-Length"] = str(record.bytes)
-    return StreamingResponse(
-        svc.files.content(record), media_type="application/jsonl", headers=headers
+    return await download.file_content(
+        svc.files,
+        record,
+        head=False,
+        range_=range_,
+        if_range=if_range,
+        if_none_match=if_none_match,
+    )
+
+
+@router.head("/files/{file_id}/content", summary="A file's content headers, without the bytes")
+async def file_content_head(
+    file_id: str,
+    caller: Caller,
+    svc: Svc,
+    range_: Annotated[str | None, Header(alias="range")] = None,
+    if_range: Annotated[str | None, Header(alias="if-range")] = None,
+    if_none_match: Annotated[str | None, Header(alias="if-none-match")] = None,
+) -> Response:
+    caller.require(READ)
+    record = await svc.files.get(caller.org_id, file_id)
+    return await download.file_content(
+        svc.files,
+        record,
+        head=True,
+        range_=range_,
+        if_range=if_range,
+        if_none_match=if_none_match,
     )
 
 
