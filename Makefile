@@ -5,9 +5,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: up test check lint fmt bench clean
 
-$(STAMP): pyproject.toml
+# llama.cpp is compiled from source when it is installed. Build it for a portable x86-64
+# baseline (AVX2), not for the build machine: a native build can use instructions (AMX) that the
+# CPU advertises but a virtual machine does not enable, and the engine then dies with SIGILL on
+# its first real batch. The pip cache is bypassed so a natively built wheel is never reused.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps \
+		"$$(grep -o 'llama-cpp-python[^"]*' pyproject.toml)"
 	$(PIP) install -q -e '.[dev,local-engine]'
 	touch $(STAMP)
 
