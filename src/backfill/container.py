@@ -102,6 +102,7 @@ class Backfill:
             on_stop=self.stop,
             admin_token=self.settings.admin_token,
             engine_status=self.worker.engine_status if self.worker else None,
+            settings=self.settings,
         )
 
 

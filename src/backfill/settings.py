@@ -17,6 +17,9 @@ from pydantic_settings import (
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL_ENGINE = "local-llama-cpp"
 LOCAL_CONTEXT = 2048
+# The admin token is the one secret a person picks (API keys are 256 random bits), so it has a
+# floor: 32 characters, such as the output of `openssl rand -hex 32`.
+MIN_ADMIN_TOKEN_CHARS = 32
 
 
 class PricingSettings(BaseModel):
@@ -117,6 +120,17 @@ class Settings(BaseSettings):
     max_unfinished_batches: int = 4
     max_retained_input_bytes: int = 1024**3
     admin_token: str | None = None
+    # When set, /metrics answers only to 'Authorization: Bearer <metrics_token>'.
+    metrics_token: str | None = None
+    # The HTTP edge: how much one client may make the API process hold, and for how long.
+    max_json_body_bytes: int = 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_idle_timeout_s: float = 30.0
+    max_connections: int = 512
+    # Failed authentications (401) allowed per client address in the window; then 429. 0: off.
+    auth_failure_limit: int = 20
+    auth_failure_window_s: float = 60.0
     gpu_time_flush_s: float = 1.0
     janitor_interval_s: float = 60.0
     log_level: str = "info"
@@ -135,6 +149,16 @@ class Settings(BaseSettings):
         if config:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
         return tuple(sources)
+
+    def admin_token_problem(self) -> str | None:
+        """Why the configured admin token may not be used (None: it may, or it is unset)."""
+        if self.admin_token and len(self.admin_token) < MIN_ADMIN_TOKEN_CHARS:
+            return (
+                f"admin_token is {len(self.admin_token)} characters long; use at least "
+                f"{MIN_ADMIN_TOKEN_CHARS} random characters (for example the output of "
+                "`openssl rand -hex 32`), or leave it empty to disable the admin API."
+            )
+        return None
 
     @property
     def resolved_database_url(self) -> str:

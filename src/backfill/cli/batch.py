@@ -24,6 +24,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from backfill.domain.lifecycle import TERMINAL
 
@@ -71,7 +72,8 @@ class Client:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]Error:[/red] {message}")
+    # The message may quote the server or the user's file; as markup, "[/x]" would crash rich.
+    console.print(Text.assemble(("Error:", "red"), " ", message))
     raise typer.Exit(1)
 
 
@@ -150,7 +152,7 @@ def _upload(client: Client, file: Path, data: bytes | None) -> str:
 
 def _poll(client: Client, batch_id: str) -> dict[str, Any]:
     with Progress(
-        TextColumn("[bold]{task.fields[status]}"),
+        TextColumn("{task.fields[status]}", style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("failed {task.fields[failed]}"),
@@ -245,18 +247,18 @@ def run(
         )
         state["batch_id"] = batch["id"]
         _save(state_file, state)
-        console.print(f"Batch [bold]{batch['id']}[/bold] created.")
+        console.print(Text.assemble("Batch ", (batch["id"], "bold"), " created."))
     else:
-        console.print(f"Resuming batch [bold]{state['batch_id']}[/bold].")
+        console.print(Text.assemble("Resuming batch ", (state["batch_id"], "bold"), "."))
     batch = _poll(client, state["batch_id"])
     _download(client, batch["output_file_id"], out)
     _download(client, batch["error_file_id"], errors)
     retry = file.with_name(file.name + ".retry.jsonl")
     ok, remaining = _reconcile(file, out, retry)
-    table = Table(title=f"Batch {batch['id']}: {batch['status']}")
+    table = Table(title=Text(f"Batch {batch['id']}: {batch['status']}"))
     for column in ("succeeded", "to retry", "results", "errors", "retry file"):
         table.add_column(column)
-    table.add_row(str(ok), str(remaining), str(out), str(errors), str(retry))
+    table.add_row(*(Text(str(v)) for v in (ok, remaining, out, errors, retry)))
     console.print(table)
 
 

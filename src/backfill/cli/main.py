@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -81,8 +82,10 @@ async def _bootstrap(settings: Settings) -> str | None:
 
 
 def _serve(settings: Settings, role: str) -> None:
+    from backfill.adapters.http.server import server_config
     from backfill.container import build
 
+    _refuse_weak_admin_token(settings)
     # A busy worker allocates many short-lived objects; with the default threshold the cyclic
     # collector ran for ~10% of its CPU (py-spy). Long-lived startup objects are frozen too.
     gc.collect()
@@ -93,15 +96,29 @@ def _serve(settings: Settings, role: str) -> None:
     if role == "worker":
         asyncio.run(_run_worker(backfill))
         return
-    config = uvicorn.Config(
-        backfill.app(),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
-    uvicorn.Server(config).run()
+    if not settings.metrics_token and not _is_loopback(settings.host):
+        logging.getLogger("backfill").warning(
+            "/metrics is open to anyone who can reach %s; set metrics_token or block it at "
+            "the proxy.",
+            settings.host,
+        )
+    uvicorn.Server(server_config(backfill.app(), settings)).run()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse_weak_admin_token(settings: Settings) -> None:
+    problem = settings.admin_token_problem()
+    if problem is not None:
+        typer.echo(f"Cannot start: {problem}", err=True)
+        raise typer.Exit(2)
 
 
 async def _run_worker(backfill: Backfill) -> None:
@@ -130,6 +147,7 @@ def up(
 ) -> None:
     """Embedded mode: API, scheduler and a local engine in one process, SQLite on disk."""
     settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
+    _refuse_weak_admin_token(settings)
     _logging(settings.log_level)
     _lock(settings.data_dir)
     with _operator_errors():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any
 
 import orjson
@@ -10,23 +9,22 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import Services, services
 from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
-from backfill.errors import NotFound, Unauthorized
 from backfill.ports import ApiKey
 
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
 
 
 def require_admin(request: Request) -> None:
-    token: str | None = request.app.state.admin_token
-    if not token:
-        raise NotFound("The admin API is disabled; set admin_token (BACKFILL_ADMIN_TOKEN).")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
-        raise Unauthorized("The admin token is missing or wrong.", code="invalid_admin_token")
+    # EdgeGuard already refused these requests before their body was read; checking again
+    # keeps the routes closed wherever the router is mounted.
+    refusal = admin_refusal(request.scope["headers"], request.app.state.admin_token)
+    if refusal is not None:
+        raise refusal
 
 
 Admin = Annotated[None, Depends(require_admin)]

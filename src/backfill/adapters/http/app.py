@@ -6,14 +6,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from backfill import __version__
 from backfill.adapters.http.admin import router as admin_router
+from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
 from backfill.adapters.http.deps import Services
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
+from backfill.adapters.http.guard import EdgeGuard
 from backfill.adapters.http.routes import router
+from backfill.errors import Unauthorized
+from backfill.settings import Settings
 
 
 def create_app(
@@ -23,7 +27,11 @@ def create_app(
     *,
     admin_token: str | None = None,
     engine_status: Callable[[], list[dict[str, Any]]] | None = None,
+    settings: Settings | None = None,
 ) -> FastAPI:
+    # Defaults without reading the environment: the caller passes the settings it loaded.
+    edge = settings or Settings.model_construct()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if on_start is not None:
@@ -39,11 +47,25 @@ def create_app(
         version=__version__,
         description="OpenAI-compatible Batch inference service.",
         lifespan=lifespan,
+        # /openapi.json describes the API; the Swagger and ReDoc pages would load their
+        # scripts from a CDN into the API's origin, so they are not served.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.services = services
     app.state.admin_token = admin_token
     app.state.engine_status = engine_status
     install_error_handlers(app)
+    brake = None
+    if edge.auth_failure_limit > 0:
+        brake = FailureBrake(edge.auth_failure_limit, edge.auth_failure_window_s)
+    # Added first, so it runs inside RequestIdMiddleware and its refusals carry the request id.
+    app.add_middleware(
+        EdgeGuard,
+        admin_token=admin_token,
+        max_json_body_bytes=edge.max_json_body_bytes,
+        brake=brake,
+    )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(router)
     app.include_router(admin_router)
@@ -59,7 +81,13 @@ def create_app(
         return JSONResponse({"status": "not ready", "reason": "database unreachable"}, 503)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        token = edge.metrics_token
+        if token and not secret_matches(bearer(request.scope["headers"]), token):
+            raise Unauthorized(
+                "Metrics need 'Authorization: Bearer <metrics_token>'.",
+                code="invalid_metrics_token",
+            )
         return Response(
             await services.operations.render_metrics(),
             media_type="text/plain; version=0.0.4; charset=utf-8",

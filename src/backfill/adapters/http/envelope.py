@@ -18,6 +18,21 @@ from backfill.errors import BackfillError
 log = logging.getLogger("backfill.api")
 
 
+def envelope(
+    message: str,
+    *,
+    type_: str,
+    code: str | None,
+    param: str | None = None,
+    line: int | None = None,
+) -> bytes:
+    """The JSON body of an OpenAI error answer."""
+    error: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
+    if line is not None:
+        error["line"] = line
+    return orjson.dumps({"error": error})
+
+
 def error_response(
     status: int,
     message: str,
@@ -29,15 +44,30 @@ def error_response(
     retryable: bool = False,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    error: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
-    if line is not None:
-        error["line"] = line
     all_headers = {"x-should-retry": "true" if retryable else "false"}
     all_headers.update(headers or {})
     return Response(
-        orjson.dumps({"error": error}),
+        envelope(message, type_=type_, code=code, param=param, line=line),
         status_code=status,
         media_type="application/json",
+        headers=all_headers,
+    )
+
+
+def backfill_error_response(exc: BackfillError, headers: dict[str, str] | None = None) -> Response:
+    """The envelope of a BackfillError, with ``Retry-After`` when waiting can help."""
+    all_headers = dict(headers or {})
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is not None:
+        all_headers["Retry-After"] = str(retry_after)
+    return error_response(
+        exc.status,
+        exc.message,
+        type_=exc.type,
+        code=exc.code,
+        param=exc.param,
+        line=exc.line,
+        retryable=exc.retryable,
         headers=all_headers,
     )
 
@@ -47,20 +77,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _backfill(_: Request, exc: BackfillError) -> Response:
         if exc.status >= 500:
             log.error("request failed: %s", exc.code)
-        headers = None
-        retry_after = getattr(exc, "retry_after_s", None)
-        if retry_after is not None:
-            headers = {"Retry-After": str(retry_after)}
-        return error_response(
-            exc.status,
-            exc.message,
-            type_=exc.type,
-            code=exc.code,
-            param=exc.param,
-            line=exc.line,
-            retryable=exc.retryable,
-            headers=headers,
-        )
+        return backfill_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

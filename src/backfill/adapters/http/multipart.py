@@ -69,6 +69,14 @@ async def stream_form(
         _, disposition = parse_options_header(part.headers.get(b"content-disposition", b""))
         part.name = disposition.get(b"name", b"").decode()
         if part.name == "file":
+            if saw_file:
+                # Two file parts would be stored as one file, and a proxy that inspects only the
+                # first part would not see what runs.
+                raise InvalidInput(
+                    "The form has more than one 'file' part; upload one file per request.",
+                    code="invalid_value",
+                    param="file",
+                )
             part.is_file = saw_file = True
 
     def on_part_data(data: bytes, start: int, end: int) -> None:

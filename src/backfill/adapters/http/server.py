@@ -1,0 +1,224 @@
+"""The HTTP server ``backfill up`` and ``backfill serve`` run: uvicorn's httptools protocol plus
+the connection limits uvicorn lacks.
+
+uvicorn bounds neither the size of a request head under httptools (only h11 has
+``h11_max_incomplete_event_size``) nor the time a client may take to send its head or the gaps
+in its body; ``limit_concurrency`` answers 503 only once a head is complete, so connections
+that never finish one are not counted against anything. Without these, one client can make the
+process buffer a 50 MB header or hold thousands of half-open connections and upload files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from backfill.adapters.http.envelope import envelope
+from backfill.settings import Settings
+
+log = logging.getLogger("backfill.api")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_idle_timeout_s: float = 30.0
+    max_connections: int = 512
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        return cls(
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout_s=settings.header_timeout_s,
+            body_idle_timeout_s=settings.body_idle_timeout_s,
+            max_connections=settings.max_connections,
+        )
+
+
+def _refusal(status: int, message: str, code: str, *, retryable: bool = False) -> bytes:
+    """A whole HTTP/1.1 answer with the OpenAI envelope, for refusals made below the app."""
+    body = envelope(message, type_="invalid_request_error", code=code)
+    head = (
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        f"x-should-retry: {'true' if retryable else 'false'}\r\n"
+        + ("retry-after: 1\r\n" if retryable else "")
+        + "connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """One connection, with a head size cap, a head deadline, a body idle timeout and a cap on
+    open connections. ``limits`` is set on the subclass ``guarded_protocol`` makes.
+
+    The deadlines are kept by one watchdog timer per connection that looks at timestamps the
+    parser callbacks leave, so a request costs a few attribute writes rather than arming and
+    cancelling timers.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Raw bytes received for a head that is not complete yet: bounds what the parser buffers.
+        self._head_bytes = 0
+        self._reading_head = True
+        # When the head being read began (None: not reading one), and the body's last progress.
+        self._head_since: float | None = None
+        self._body_since: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._refused: bytes | None = None
+
+    # ---- connection ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("refused a connection: %d are open", len(self.connections) - 1)
+            self._refuse(
+                _refusal(
+                    503,
+                    f"The server has {self.limits.max_connections} open connections "
+                    "(max_connections); retry shortly.",
+                    "server_busy",
+                    retryable=True,
+                )
+            )
+            return
+        # A connection that sends nothing is held no longer than a slow head.
+        self._head_since = self.loop.time()
+        self._arm_watchdog()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        counting = self._reading_head
+        super().data_received(data)
+        if self._refused is not None:
+            self._refuse(self._refused)
+        elif counting and self._reading_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse(self._head_too_large())
+
+    # ---- parser callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_since is None:
+            self._head_since = self.loop.time()
+
+    def on_headers_complete(self) -> None:
+        self._head_since = None
+        self._reading_head = False
+        self._head_bytes = 0
+        # The parser may hand over a whole head from one read: measure it as parsed too.
+        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        if size > self.limits.max_header_bytes:
+            # Refused once the parser returns: the app never sees this request.
+            self._refused = self._head_too_large()
+            return
+        super().on_headers_complete()
+        self._body_since = self.loop.time()
+
+    def on_body(self, body: bytes) -> None:
+        if self._refused is not None:
+            return
+        super().on_body(body)
+        self._body_since = self.loop.time()
+
+    def on_message_complete(self) -> None:
+        if self._refused is not None:
+            return
+        super().on_message_complete()
+        self._body_since = None
+        self._reading_head = True
+        self._head_bytes = 0
+
+    # ---- deadlines -------------------------------------------------------------------------
+
+    def _arm_watchdog(self) -> None:
+        # A quarter of the shorter timeout: a deadline is enforced at most 25% late.
+        every = min(self.limits.header_timeout_s, self.limits.body_idle_timeout_s) / 4
+        self._watchdog = self.loop.call_later(every, self._watch)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        limits = self.limits
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if self._head_since is not None and now - self._head_since > limits.header_timeout_s:
+            if busy:
+                # Still answering the previous request; the next head is not late yet.
+                self._head_since = now
+            else:
+                self._refuse(
+                    _refusal(
+                        408,
+                        f"The request head did not arrive within {limits.header_timeout_s:g} s "
+                        "(header_timeout_s).",
+                        "request_timeout",
+                    )
+                )
+                return
+        if self._body_since is not None and now - self._body_since > limits.body_idle_timeout_s:
+            if self.flow.read_paused:
+                # The app has not taken the bytes already here; the client is not the one late.
+                self._body_since = now
+            else:
+                # The route may be mid-upload: closing makes it see a disconnect and clean up.
+                log.info(
+                    "closed a connection whose request body stalled for %g s",
+                    now - self._body_since,
+                )
+                self.transport.close()
+                return
+        self._arm_watchdog()
+
+    # ---- refusals --------------------------------------------------------------------------
+
+    def _head_too_large(self) -> bytes:
+        return _refusal(
+            431,
+            f"The request line and headers are larger than {self.limits.max_header_bytes} "
+            "bytes (max_header_bytes).",
+            "request_header_too_large",
+        )
+
+    def _refuse(self, answer: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for uvicorn, carrying ``limits`` (uvicorn builds it by class)."""
+    return type("BackfillHttpProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+def server_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+    )
