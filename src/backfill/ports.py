@@ -396,6 +396,13 @@ class Store(Protocol):
         """Create the result files and set the terminal status in one transaction."""
         ...
 
+    async def fail_batch(
+        self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
+    ) -> bool:
+        """Move a batch that could not start to ``failed`` with ``errors`` (OpenAI's
+        ``errors.data``) and give back its reservation; False when its status moved on."""
+        ...
+
 
 class Catalog(Protocol):
     async def find(self, name: str, org_id: str | None = None) -> CatalogModel | None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequen
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -416,6 +416,23 @@ class QueueQueries(SqlBase):
                     else func.least(t.files.c.expires_at, now)
                 )
             )
+        return True
+
+    async def fail_batch(
+        self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
+    ) -> bool:
+        """A batch that could not start ends ``failed`` with ``errors``; nothing stays reserved
+        and its queue items, if any were written, are removed."""
+        async with self.engine.begin() as conn:
+            res = await conn.execute(
+                update(t.batches)
+                .where(t.batches.c.id == batch_id, t.batches.c.status == expected_status)
+                .values(status=BatchStatus.FAILED, failed_at=now, errors=errors)
+            )
+            if not res.rowcount:
+                return False
+            await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
+            await self._release_reservation(conn, batch_id)
         return True
 
     async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:
