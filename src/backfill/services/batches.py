@@ -43,6 +43,8 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
+# orjson, which hashes and stores the request, encodes at most this many levels of nesting.
+MAX_REQUEST_DEPTH = 254
 ACCEPTED_INPUT_GRACE_S = 24 * 3600
 # A creation interrupted by a passing storage or database fault is retried this often at most.
 ENQUEUE_RETRY_MAX_S = 60.0
@@ -83,6 +85,29 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
                 f"metadata.{key}",
             )
     return dict(metadata)
+
+
+def _canonical(request: dict[str, Any]) -> bytes:
+    """The request as sorted JSON, for the idempotency hash; the encoder refuses what no
+    field of a batch can hold (nesting past 254 levels, integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        pass
+    field = next(name for name in sorted(request) if not _encodes({name: request[name]}))
+    raise _bad(
+        f"'{field}' cannot be stored: it nests JSON deeper than {MAX_REQUEST_DEPTH} levels or "
+        "holds an integer beyond 64 bits.",
+        field,
+    )
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 def _output_expiry(value: Any) -> int | None:
@@ -152,9 +177,16 @@ class BatchService:
                 unknown[0],
                 code="unknown_parameter",
             )
-        request_hash = hashlib.sha256(
-            orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
-        ).hexdigest()
+        if request.get("webhook_url") is not None:
+            # Nothing may be accepted and then ignored: a caller counting on a notification
+            # must learn now that none will come.
+            raise _bad(
+                "'webhook_url' is not supported: Backfill sends no webhooks; poll "
+                "GET /v1/batches/{batch_id} instead, and leave 'webhook_url' out or null.",
+                "webhook_url",
+                code="unsupported_parameter",
+            )
+        request_hash = hashlib.sha256(_canonical(request)).hexdigest()
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
                 raise _bad(
