@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -379,12 +379,20 @@ class Store(Protocol):
         self, batch_id: str, limit: int, token: str, lease_until: float, now: float
     ) -> list[ClaimedItem]: ...
 
-    async def renew_leases(self, token: str, lease_until: float) -> None: ...
+    async def renew_leases(
+        self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
+    ) -> None:
+        """Extend the leases of ``held`` (batch id → item indexes) that ``token`` still holds;
+        leases nobody works on any more are left to run out."""
+        ...
 
     async def release_all_leases(self) -> None: ...
 
-    async def release(self, batch_id: str, idx: int, token: str) -> None:
-        """Put a leased item back in the queue without counting an attempt."""
+    async def release(
+        self, batch_id: str, idx: int, token: str, not_before: float | None = None
+    ) -> None:
+        """Put a leased item back in the queue without counting an attempt; with
+        ``not_before`` no worker claims it before that time (a backoff)."""
         ...
 
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
@@ -417,6 +425,13 @@ class Store(Protocol):
         errors: FileRecord,
     ) -> bool:
         """Create the result files and set the terminal status in one transaction."""
+        ...
+
+    async def fail_batch(
+        self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
+    ) -> bool:
+        """Move a batch that could not start to ``failed`` with ``errors`` (OpenAI's
+        ``errors.data``) and give back its reservation; False when its status moved on."""
         ...
 
 

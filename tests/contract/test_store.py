@@ -407,7 +407,7 @@ async def test_renewed_leases_are_not_taken_over(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 2)
     items = await store.claim(batch.id, 2, "token-a", NOW + LEASE, NOW)
-    await store.renew_leases("token-a", NOW + 10 * LEASE)
+    await store.renew_leases("token-a", NOW + 10 * LEASE, {batch.id: [i.idx for i in items]})
     later = NOW + 2 * LEASE
     assert await store.claim(batch.id, 2, "token-b", later + LEASE, later) == []
     assert await store.live_leases(batch.id, later) == 2

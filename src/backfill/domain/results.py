@@ -42,4 +42,6 @@ ERROR_MESSAGES = {
     "batch_expired": "The batch's completion window ended before this request finished.",
     "request_timeout": "The engine did not answer in time, after every retry.",
     "engine_unavailable": "No engine could serve this request before the window ended.",
+    "input_unavailable": "The stored input of this request could not be read (it is missing, "
+    "damaged or sealed under another master key); upload the file again and submit a new batch.",
 }

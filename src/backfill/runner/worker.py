@@ -33,6 +33,7 @@ from backfill.ports import (
     Store,
 )
 from backfill.runner.engines import EnginePool, EngineSlot
+from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.finalize import Finalizer, result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.results import ResultWriter
@@ -100,6 +101,11 @@ class Worker:
         self._results = ResultWriter(store, config.result_flush_s, self._metrics)
         self._finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s)
         self._tasks: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
+        # Items whose task runs now, by batch: the heartbeat renews these leases and no others.
+        self._running: dict[str, set[int]] = defaultdict(set)
+        # Leases whose release failed (the database was down): retried by the heartbeat.
+        self._unreleased: dict[tuple[str, int], float | None] = {}
+        self._failures = WorkerFailures(config.retry_base_s, config.retry_max_s)
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
         self._batches: list[BatchRecord] = []
@@ -274,7 +280,7 @@ class Worker:
         keep: deque[tuple[BatchRecord, ClaimedItem]] = deque()
         for batch, item in slot.backlog:
             if stop(batch):
-                release = self._store.release(batch.id, item.idx, self._token)
+                release = self._release(batch.id, item.idx, None)
                 task = asyncio.create_task(release)
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -297,7 +303,16 @@ class Worker:
         task = asyncio.create_task(self._metered(slot, batch, item))
         tasks = self._tasks[batch.id]
         tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        running = self._running[batch.id]
+        running.add(item.idx)
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            running.discard(item.idx)
+            if not running and self._running.get(batch.id) is running:
+                del self._running[batch.id]
+
+        task.add_done_callback(done)
 
     async def _metered(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         deployment = None
@@ -328,24 +343,24 @@ class Worker:
                 self._pool.release(slot)
 
         try:
-            raw = await self._blobs.read(
-                content_key(batch.input_file_id), item.offset, item.offset + item.length
-            )
             try:
-                outcome = await self._attempts(slot, batch, item, request_body(raw))
-            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-                # The line passed validation but cannot be sent (a number or nesting the JSON
-                # encoder refuses): that is final for this request, not a reason to retry.
-                outcome = _Outcome(
+                raw = await self._blobs.read(
+                    content_key(batch.input_file_id), item.offset, item.offset + item.length
+                )
+            except Exception as exc:
+                if not is_permanent(exc):
+                    raise
+                # The input is gone, damaged or sealed under another key: retrying cannot
+                # help, so the request ends with an error row and the batch can finish.
+                self._failures.permanent(batch.id, item.idx, exc)
+                outcome: _Outcome | None = _Outcome(
                     False,
                     error_row(
-                        item.custom_id,
-                        "invalid_request",
-                        "The request body could not be encoded for the engine "
-                        f"({type(exc).__name__}); keep integers within 64 bits and nesting "
-                        "under 255 levels.",
+                        item.custom_id, "input_unavailable", ERROR_MESSAGES["input_unavailable"]
                     ),
                 )
+            else:
+                outcome = await self._send(slot, batch, item, raw)
             release_slot()
             self._start_backlog(slot)
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
@@ -366,12 +381,44 @@ class Worker:
                     custom_id=item.custom_id,
                 )
             )
+            self._failures.succeeded(batch.id)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("request %s of %s failed inside the worker", item.idx, batch.id)
+        except Exception as exc:
+            # Storage or the database failed (or a bug): the request goes back to the queue,
+            # not before a backoff, so a lasting cause is not retried in a hot loop.
+            release_slot()
+            self._start_backlog(slot)
+            delay = self._failures.transient(batch.id, item.idx, exc)
+            await self._release(batch.id, item.idx, self._clock.now() + delay)
         finally:
             release_slot()
+
+    async def _send(
+        self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem, raw: bytes
+    ) -> _Outcome | None:
+        try:
+            return await self._attempts(slot, batch, item, request_body(raw))
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # The line passed validation but cannot be sent (a number or nesting the JSON
+            # encoder refuses): that is final for this request, not a reason to retry.
+            return _Outcome(
+                False,
+                error_row(
+                    item.custom_id,
+                    "invalid_request",
+                    "The request body could not be encoded for the engine "
+                    f"({type(exc).__name__}); keep integers within 64 bits and nesting "
+                    "under 255 levels.",
+                ),
+            )
+
+    async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
+        """Give a lease back; when the database refuses, the heartbeat tries again."""
+        try:
+            await self._store.release(batch_id, idx, self._token, not_before)
+        except Exception:
+            self._unreleased[(batch_id, idx)] = not_before
 
     async def _attempts(
         self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem, body: dict[str, Any]
@@ -456,7 +503,24 @@ class Worker:
     async def _lease_loop(self) -> None:
         while not self._stopping.is_set():
             await self._pause(self._config.lease_s / 3)
-            await self._store.renew_leases(self._token, self._clock.now() + self._config.lease_s)
+            await self.heartbeat()
+
+    async def heartbeat(self) -> None:
+        """Renew the leases this worker works on, and only those: a lease whose task ended
+        without a result or a release runs out, so cancel and other workers never wait on it."""
+        for (batch_id, idx), not_before in list(self._unreleased.items()):
+            await self._store.release(batch_id, idx, self._token, not_before)
+            del self._unreleased[(batch_id, idx)]
+        held: dict[str, set[int]] = defaultdict(set)
+        for batch_id, running in self._running.items():
+            held[batch_id] |= running
+        for slot in self._pool.slots:
+            for batch, item in slot.backlog:
+                held[batch.id].add(item.idx)
+        if held:
+            await self._store.renew_leases(
+                self._token, self._clock.now() + self._config.lease_s, held
+            )
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -464,6 +528,7 @@ class Worker:
         last_charge = last_sweep = self._clock.now()
         while not self._stopping.is_set():
             await self.lifecycle_once()
+            self._failures.summarise()
             now = self._clock.now()
             if now - last_charge >= self._config.gpu_time_flush_s:
                 last_charge = now
@@ -504,6 +569,7 @@ class Worker:
                 await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
 
     async def _abandon(self, batch_id: str) -> None:
+        self._failures.forget(batch_id)
         tasks = list(self._tasks.pop(batch_id, ()))
         for task in tasks:
             task.cancel()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +16,18 @@ from backfill.domain.durations import parse_duration
 from backfill.domain.input_format import ENDPOINTS
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
 from backfill.domain.money import worst_case
-from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
 from backfill.ports import Admission, BatchRecord, Catalog, Clock, Page, Store
-from backfill.services.files import INPUT_PURPOSE, MAX_EXPIRY_S, MIN_EXPIRY_S, FileService
+from backfill.services.files import (
+    INPUT_PURPOSE,
+    MAX_EXPIRY_S,
+    MIN_EXPIRY_S,
+    FileService,
+    content_key,
+    index_key,
+)
+
+log = logging.getLogger("backfill.batches")
 
 CREATE_FIELDS = frozenset(
     {
@@ -32,7 +43,11 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
+# orjson, which hashes and stores the request, encodes at most this many levels of nesting.
+MAX_REQUEST_DEPTH = 254
 ACCEPTED_INPUT_GRACE_S = 24 * 3600
+# A creation interrupted by a passing storage or database fault is retried this often at most.
+ENQUEUE_RETRY_MAX_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,29 @@ def _check_metadata(metadata: Any) -> dict[str, str] | None:
     return dict(metadata)
 
 
+def _canonical(request: dict[str, Any]) -> bytes:
+    """The request as sorted JSON, for the idempotency hash; the encoder refuses what no
+    field of a batch can hold (nesting past 254 levels, integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        pass
+    field = next(name for name in sorted(request) if not _encodes({name: request[name]}))
+    raise _bad(
+        f"'{field}' cannot be stored: it nests JSON deeper than {MAX_REQUEST_DEPTH} levels or "
+        "holds an integer beyond 64 bits.",
+        field,
+    )
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
 def _output_expiry(value: Any) -> int | None:
     """``output_expires_after: {anchor: "created_at", seconds: N}`` → N (SPEC §4.1)."""
     if value is None:
@@ -89,6 +127,15 @@ def _output_expiry(value: Any) -> int | None:
             "output_expires_after.seconds",
         )
     return seconds
+
+
+def _unreadable(file_id: str, exc: BackfillError) -> ContentUnreadable:
+    return ContentUnreadable(
+        f"The input file {file_id} can no longer be read ({exc.message}); upload it again "
+        "and create a new batch.",
+        code="input_unavailable",
+        param="input_file_id",
+    )
 
 
 class BatchService:
@@ -115,6 +162,9 @@ class BatchService:
         # An in-process worker listens: it starts new batches and stops cancelled ones at once.
         self.created_listeners: list[Callable[[str], None]] = []
         self.cancel_listeners: list[Callable[[str], None]] = []
+        # Creations that met a passing fault after the batch row was committed, by batch id.
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self.enqueue_retry_base_s = 1.0
 
     async def create(
         self, org_id: str, request: dict[str, Any], idempotency_key: str | None
@@ -127,9 +177,16 @@ class BatchService:
                 unknown[0],
                 code="unknown_parameter",
             )
-        request_hash = hashlib.sha256(
-            orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
-        ).hexdigest()
+        if request.get("webhook_url") is not None:
+            # Nothing may be accepted and then ignored: a caller counting on a notification
+            # must learn now that none will come.
+            raise _bad(
+                "'webhook_url' is not supported: Backfill sends no webhooks; poll "
+                "GET /v1/batches/{batch_id} instead, and leave 'webhook_url' out or null.",
+                "webhook_url",
+                code="unsupported_parameter",
+            )
+        request_hash = hashlib.sha256(_canonical(request)).hexdigest()
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
                 raise _bad(
@@ -147,6 +204,8 @@ class BatchService:
                 code="missing_required_parameter",
             )
         batch, admission = await self._new_batch(org_id, request, idempotency_key, request_hash)
+        # Nothing is committed (nor credit reserved) for input that cannot be read now.
+        await self._check_readable(batch.input_file_id)
         try:
             await self._store.create_batch(batch, admission)
         except Conflict:
@@ -160,10 +219,69 @@ class BatchService:
         await self._store.set_file_expiry(
             batch.input_file_id, batch.expires_at + ACCEPTED_INPUT_GRACE_S
         )
-        await self._enqueue(batch)
+        await self._start(batch)
+        return await self.get(org_id, batch.id), True
+
+    async def _check_readable(self, file_id: str) -> None:
+        """Open the input and its line index (headers and key check), before anything is
+        committed; a retryable StorageError passes through as it is."""
+        blobs = self._files.blobs
+        try:
+            await blobs.size(content_key(file_id))
+            await blobs.size(index_key(file_id))
+        except (ContentUnreadable, NotFound) as exc:
+            raise _unreadable(file_id, exc) from None
+
+    async def _start(self, batch: BatchRecord) -> None:
+        """Enqueue a committed batch. A permanent cause fails it (its credit goes back); a
+        passing one leaves it ``validating`` and tries again in the background."""
+        try:
+            await self._enqueue(batch)
+        except (ContentUnreadable, NotFound) as exc:
+            await self._fail(batch, _unreadable(batch.input_file_id, exc))
+            return
+        except Exception as exc:
+            log.warning(
+                "could not enqueue %s yet; retrying in the background", batch.id, exc_info=exc
+            )
+            self._retry_later(batch)
+            return
         for listener in self.created_listeners:
             listener(batch.id)
-        return await self.get(org_id, batch.id), True
+
+    async def _fail(self, batch: BatchRecord, exc: BackfillError) -> None:
+        log.warning("batch %s failed before it started: %s", batch.id, exc.message)
+        error = {"code": exc.code, "message": exc.message, "param": exc.param, "line": None}
+        await self._store.fail_batch(
+            batch.id, BatchStatus.VALIDATING, int(self._clock.now()), [error]
+        )
+
+    def _retry_later(self, batch: BatchRecord) -> None:
+        if batch.id in self._retries:
+            return
+        task = asyncio.create_task(self._retry(batch), name=f"enqueue-{batch.id}")
+        self._retries[batch.id] = task
+        task.add_done_callback(lambda _: self._retries.pop(batch.id, None))
+
+    async def _retry(self, batch: BatchRecord) -> None:
+        delay = self.enqueue_retry_base_s
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ENQUEUE_RETRY_MAX_S)
+            current = await self._store.get_batch(None, batch.id)
+            if current is None or current.status != BatchStatus.VALIDATING:
+                return  # cancelled meanwhile, or resumed elsewhere
+            try:
+                await self._enqueue(batch)
+            except (ContentUnreadable, NotFound) as exc:
+                await self._fail(batch, _unreadable(batch.input_file_id, exc))
+                return
+            except Exception:
+                log.debug("enqueue of %s failed again", batch.id, exc_info=True)
+                continue
+            for listener in self.created_listeners:
+                listener(batch.id)
+            return
 
     async def _enqueue(self, batch: BatchRecord) -> None:
         """One queue item per input line, then ``in_progress``; safe to run again."""
@@ -176,7 +294,7 @@ class BatchService:
     async def resume_interrupted(self) -> None:
         """Finish creations a crash interrupted between the batch row and its items."""
         for batch in await self._store.batches_in([BatchStatus.VALIDATING]):
-            await self._enqueue(batch)
+            await self._start(batch)
 
     def _replay(self, existing: BatchRecord, request_hash: str) -> BatchRecord:
         if existing.request_hash != request_hash:

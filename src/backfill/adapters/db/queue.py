@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -18,6 +20,7 @@ from backfill.adapters.db.rows import (
 )
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
+from backfill.errors import StorageError
 from backfill.ports import (
     ClaimedItem,
     FileRecord,
@@ -26,6 +29,20 @@ from backfill.ports import (
 )
 
 _RESULT_PAGE = 1000
+# Items per renewal statement: well under the bind-parameter limits of SQLite and asyncpg.
+_RENEW_CHUNK = 1000
+
+
+@contextmanager
+def _storage_errors(action: str) -> Iterator[None]:
+    """The database failing (full disk, lost connection, busy) reaches the worker as a
+    retryable StorageError, so the runner never needs to know the driver's exceptions."""
+    try:
+        yield
+    except (DBAPIError, OSError) as exc:
+        raise StorageError(
+            f"The database failed while {action}: {exc.__class__.__name__}."
+        ) from exc
 
 
 class Settling:
@@ -109,10 +126,15 @@ class QueueQueries(SqlBase):
             .where(t.batches.c.id == batch_id, t.batches.c.status == BatchStatus.IN_PROGRESS)
             .exists()
         )
+        # A queued item may carry a not-before time in lease_until (a release with backoff);
+        # a leased one is taken over once its lease has run out.
         claimable = and_(
             i.c.batch_id == batch_id,
             or_(
-                i.c.state == ItemState.QUEUED,
+                and_(
+                    i.c.state == ItemState.QUEUED,
+                    or_(i.c.lease_until.is_(None), i.c.lease_until < now),
+                ),
                 and_(i.c.state == ItemState.LEASED, i.c.lease_until < now),
             ),
             running,
@@ -143,13 +165,25 @@ class QueueQueries(SqlBase):
             key=lambda c: c.idx,
         )
 
-    async def renew_leases(self, token: str, lease_until: float) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                update(t.items)
-                .where(t.items.c.lease_token == token, t.items.c.state == ItemState.LEASED)
-                .values(lease_until=lease_until)
-            )
+    async def renew_leases(
+        self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
+    ) -> None:
+        i = t.items
+        with _storage_errors("renewing leases"):
+            async with self.engine.begin() as conn:
+                for batch_id, idxs in held.items():
+                    ordered = sorted(idxs)
+                    for start in range(0, len(ordered), _RENEW_CHUNK):
+                        await conn.execute(
+                            update(i)
+                            .where(
+                                i.c.batch_id == batch_id,
+                                i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
+                                i.c.lease_token == token,
+                                i.c.state == ItemState.LEASED,
+                            )
+                            .values(lease_until=lease_until)
+                        )
 
     async def release_all_leases(self) -> None:
         async with self.engine.begin() as conn:
@@ -160,6 +194,10 @@ class QueueQueries(SqlBase):
             )
 
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
+        with _storage_errors("storing results"):
+            return await self._write_results(results)
+
+    async def _write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
         b = t.batches
         now = time.time()
@@ -242,19 +280,22 @@ class QueueQueries(SqlBase):
                 held.add((batch_id, row.idx, row.lease_token))
         return held
 
-    async def release(self, batch_id: str, idx: int, token: str) -> None:
+    async def release(
+        self, batch_id: str, idx: int, token: str, not_before: float | None = None
+    ) -> None:
         i = t.items
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                update(i)
-                .where(
-                    i.c.batch_id == batch_id,
-                    i.c.idx == idx,
-                    i.c.lease_token == token,
-                    i.c.state == ItemState.LEASED,
+        with _storage_errors("releasing a request"):
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    update(i)
+                    .where(
+                        i.c.batch_id == batch_id,
+                        i.c.idx == idx,
+                        i.c.lease_token == token,
+                        i.c.state == ItemState.LEASED,
+                    )
+                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
                 )
-                .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
-            )
 
     async def live_leases(self, batch_id: str, now: float) -> int:
         i = t.items
@@ -375,6 +416,23 @@ class QueueQueries(SqlBase):
                     else func.least(t.files.c.expires_at, now)
                 )
             )
+        return True
+
+    async def fail_batch(
+        self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
+    ) -> bool:
+        """A batch that could not start ends ``failed`` with ``errors``; nothing stays reserved
+        and its queue items, if any were written, are removed."""
+        async with self.engine.begin() as conn:
+            res = await conn.execute(
+                update(t.batches)
+                .where(t.batches.c.id == batch_id, t.batches.c.status == expected_status)
+                .values(status=BatchStatus.FAILED, failed_at=now, errors=errors)
+            )
+            if not res.rowcount:
+                return False
+            await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
+            await self._release_reservation(conn, batch_id)
         return True
 
     async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:

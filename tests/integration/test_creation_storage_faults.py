@@ -1,0 +1,169 @@
+"""Batch creation when the input cannot be read (SPEC §4.1, §7.3): nothing half-created holds
+credit. Unreadable input is refused before anything is committed; input that vanishes while
+its batch is being enqueued fails that batch and gives the reservation back; a passing fault
+leaves the batch ``validating`` and it starts once storage works again; a batch the start-up
+resume cannot enqueue fails, and the process keeps running.
+
+Faults are real: blobs are deleted from the local store, or its reads fail with EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+import backfill.container
+from backfill.adapters.blobs.raw import LocalRawStore
+from backfill.adapters.db import tables as t
+from backfill.adapters.engines.simulator import Simulator
+from backfill.settings import Settings
+from tests.support import InProcess, assert_exactly_once, chat_line, in_process_backfill, jsonl
+
+Sim = tuple[str, Simulator]
+ROWS = [chat_line(f"req-{i}") for i in range(20)]
+
+
+class FaultyReads(LocalRawStore):
+    """The real local store. Reads of a blob in ``vanish`` past its header delete it first;
+    reads of a blob in ``eio`` fail with EIO as many times as it says."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.vanish: set[str] = set()
+        self.eio: dict[str, int] = {}
+
+    async def read(self, key: str, start: int, length: int) -> bytes:
+        if start > 0 and key in self.vanish:
+            self._path(key).unlink(missing_ok=True)
+        if start > 0 and self.eio.get(key, 0) > 0:
+            self.eio[key] -= 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return await super().read(key, start, length)
+
+
+@asynccontextmanager
+async def faulty_backfill(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[InProcess, FaultyReads]]:
+    stores: list[FaultyReads] = []
+
+    def raw_store(settings: Settings) -> FaultyReads:
+        stores.append(FaultyReads(settings.resolved_storage_path))
+        return stores[-1]
+
+    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
+    async with in_process_backfill(tmp_path, sim[0]) as bf:
+        yield bf, stores[0]
+
+
+async def uploaded(bf: InProcess) -> str:
+    response = await bf.upload(jsonl(ROWS))
+    assert response.status_code == 200, response.text
+    file_id: str = response.json()["id"]
+    return file_id
+
+
+async def org_reserved(bf: InProcess) -> int:
+    async with bf.backfill.store.engine.connect() as conn:
+        return int((await conn.execute(select(t.orgs.c.reserved))).scalar_one())
+
+
+def blob(bf: InProcess, key: str) -> Path:
+    return bf.settings.resolved_storage_path / key
+
+
+async def test_unreadable_input_is_refused_before_anything_is_committed(
+    tmp_path: Path, sim: Sim
+) -> None:
+    async with in_process_backfill(tmp_path, sim[0]) as bf:
+        file_id = await uploaded(bf)
+        blob(bf, f"files/{file_id}").unlink()
+        response = await bf.create(file_id)
+        assert response.status_code == 500, response.text
+        error = response.json()["error"]
+        assert error["code"] == "input_unavailable", error
+        assert error["param"] == "input_file_id"
+        assert file_id in error["message"]
+        assert "upload it again" in error["message"]
+        assert response.headers["x-should-retry"] == "false"
+        assert (await bf.client.get("/v1/batches")).json()["data"] == []
+        assert await org_reserved(bf) == 0
+
+
+async def test_input_vanishing_during_enqueue_fails_the_batch_and_frees_its_credit(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+        file_id = await uploaded(bf)
+        raw.vanish.add(f"files/{file_id}.index")
+        response = await bf.create(file_id)
+        assert response.status_code == 200, response.text
+        batch = response.json()
+        assert batch["status"] == "failed", batch
+        assert batch["failed_at"] is not None
+        [error] = batch["errors"]["data"]
+        assert error["code"] == "input_unavailable"
+        assert error["param"] == "input_file_id"
+        again = (await bf.client.get(f"/v1/batches/{batch['id']}")).json()
+        assert again["status"] == "failed"
+        assert await org_reserved(bf) == 0
+        # A failed creation does not count toward the unfinished-batch limit.
+        other = await uploaded(bf)
+        for _ in range(bf.settings.max_unfinished_batches):
+            created = await bf.create(other)
+            assert created.status_code == 200, created.text
+
+
+async def test_passing_fault_during_enqueue_starts_the_batch_later(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+        bf.backfill.services.batches.enqueue_retry_base_s = 0.05
+        file_id = await uploaded(bf)
+        index = f"files/{file_id}.index"
+        raw.eio[index] = 3
+        response = await bf.create(file_id)
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == "validating"
+        batch = await bf.wait(response.json()["id"], timeout_s=30)
+        assert batch["status"] == "completed", batch
+        assert raw.eio[index] == 0, "the fault was never hit"
+        out = await bf.rows(batch["output_file_id"])
+        err = await bf.rows(batch["error_file_id"])
+        assert_exactly_once(ROWS, out, err)
+        assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+        assert await org_reserved(bf) == 0
+
+
+async def test_resume_fails_a_batch_it_cannot_enqueue_and_resumes_the_rest(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What start-up does with batches left ``validating`` (a crash between a batch row and
+    its items, or a fault that outlasted the process)."""
+    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+        batches = bf.backfill.services.batches
+        batches.enqueue_retry_base_s = 3600.0  # only the resume below acts
+        lost_file, kept_file = await uploaded(bf), await uploaded(bf)
+        for file_id in (lost_file, kept_file):
+            raw.eio[f"files/{file_id}.index"] = 1
+        lost = (await bf.create(lost_file)).json()
+        kept = (await bf.create(kept_file)).json()
+        assert [lost["status"], kept["status"]] == ["validating", "validating"]
+        assert await org_reserved(bf) > 0
+        raw.vanish.add(f"files/{lost_file}.index")
+
+        await batches.resume_interrupted()
+
+        failed = (await bf.client.get(f"/v1/batches/{lost['id']}")).json()
+        assert failed["status"] == "failed", failed
+        assert failed["errors"]["data"][0]["code"] == "input_unavailable"
+        resumed = await bf.wait(kept["id"])
+        assert resumed["status"] == "completed", resumed
+        assert resumed["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+        assert await org_reserved(bf) == 0
