@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
@@ -190,7 +191,22 @@ def test_max_completion_tokens_takes_precedence_over_max_tokens() -> None:
 def test_custom_id_of_and_request_body_read_a_valid_line() -> None:
     line = chat("the-id", temperature=0.5)
     assert custom_id_of(raw(line)) == "the-id"
-    assert request_body(raw(line)) == line["body"]
+    body = request_body(raw(line))
+    assert msgspec.json.decode(msgspec.json.encode(body)) == line["body"]
+
+
+def test_request_body_keeps_what_a_json_encoder_would_refuse_byte_exact() -> None:
+    nested = "[" * 300 + "]" * 300
+    text = (
+        '{"custom_id":"x","method":"POST","url":"/v1/chat/completions","body":{"model":"m",'
+        '"messages":[{"role":"user","content":"hi"}],"max_tokens":4,'
+        f'"seed":1180591620717411303424,"temperature":1e400,"tools":{nested}}}}}'
+    )
+    body = request_body(text.encode())
+    encoded = msgspec.json.encode(body)
+    assert b'"seed":1180591620717411303424' in encoded
+    assert b'"temperature":1e400' in encoded
+    assert nested.encode() in encoded
 
 
 # ---- §5.1 line structure -----------------------------------------------------------------

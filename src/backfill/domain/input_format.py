@@ -74,7 +74,12 @@ class FileSummary:
     max_output_tokens: int = 0
 
 
+class _RawBody(msgspec.Struct):
+    body: dict[str, msgspec.Raw]
+
+
 _DECODER = msgspec.json.Decoder(RequestLine)
+_BODY = msgspec.json.Decoder(_RawBody)
 _MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
 _AT = re.compile(r" - at `\$\.?([^`]*)`")
@@ -427,7 +432,10 @@ _CUSTOM_ID_DECODER = msgspec.json.Decoder(_CustomIdOnly)
 
 
 def request_body(raw: bytes) -> dict[str, Any]:
-    """The body of a validated line as plain JSON values, ready to send to an engine."""
-    decoded = msgspec.json.decode(raw)
-    body: dict[str, Any] = decoded["body"]
-    return body
+    """The body of a validated line, ready to send to an engine.
+
+    Each top-level field stays the raw JSON the user sent (``msgspec.Raw``) and is forwarded
+    verbatim: whatever the upload accepted can be sent — integers beyond 64 bits, ``1e400``,
+    deep nesting — and the engine, not a re-encoding, decides what it makes of it.
+    """
+    return _BODY.decode(raw).body

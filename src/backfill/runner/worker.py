@@ -360,7 +360,7 @@ class Worker:
                     ),
                 )
             else:
-                outcome = await self._send(slot, batch, item, raw)
+                outcome = await self._attempts(slot, batch, item, request_body(raw))
             release_slot()
             self._start_backlog(slot)
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
@@ -393,25 +393,6 @@ class Worker:
             await self._release(batch.id, item.idx, self._clock.now() + delay)
         finally:
             release_slot()
-
-    async def _send(
-        self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem, raw: bytes
-    ) -> _Outcome | None:
-        try:
-            return await self._attempts(slot, batch, item, request_body(raw))
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            # The line passed validation but cannot be sent (a number or nesting the JSON
-            # encoder refuses): that is final for this request, not a reason to retry.
-            return _Outcome(
-                False,
-                error_row(
-                    item.custom_id,
-                    "invalid_request",
-                    "The request body could not be encoded for the engine "
-                    f"({type(exc).__name__}); keep integers within 64 bits and nesting "
-                    "under 255 levels.",
-                ),
-            )
 
     async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
         """Give a lease back; when the database refuses, the heartbeat tries again."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
 from backfill.ports import EngineReply
@@ -21,6 +22,8 @@ class FakeEngine:
         return model in self._models
 
     async def send(self, path: str, model: str, body: dict[str, Any]) -> EngineReply:
+        # What an HTTP engine would parse: raw field values (msgspec.Raw) become plain JSON.
+        body = msgspec.json.decode(msgspec.json.encode(body))
         self.calls.append((path, body))
         if self.replies:
             return self.replies.pop(0)

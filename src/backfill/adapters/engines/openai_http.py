@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
+import msgspec
 
 from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
 
@@ -72,11 +72,12 @@ class OpenAIHttpEngine:
         payload.pop("stream", None)
         url = self._root + path
         try:
-            async with self._client().post(url, data=orjson.dumps(payload)) as response:
-                data = await response.read()
+            # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.
+            data = msgspec.json.encode(payload)
+            async with self._client().post(url, data=data) as response:
                 return EngineReply(
                     status=response.status,
-                    body=data,
+                    body=await response.read(),
                     retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
                 )
         except TimeoutError:
