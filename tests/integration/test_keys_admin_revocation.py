@@ -4,6 +4,7 @@ API process that shares the database (SPEC §7.1, §11.1, §11.3)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +31,7 @@ from tests.support import (
 
 TOKEN = "admin-secret-for-tests"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+MASTER_KEY = base64.b64encode(bytes(range(32))).decode()
 
 
 @asynccontextmanager
@@ -60,15 +62,13 @@ async def keys_of(client: httpx.AsyncClient, org: str) -> dict[str, dict[str, An
 async def test_revoked_key_is_refused_at_once_by_every_api_process(tmp_path: Path) -> None:
     url = await create_pg_database()
     clock = ManualClock(1_800_000_000)
+    # API processes of one deployment share the master key (the database records its check).
+    shared: dict[str, Any] = {"database_url": url, "admin_token": TOKEN, "master_key": MASTER_KEY}
     try:
         async with (
             running_simulator() as (sim_url, _),
-            in_process_backfill(
-                tmp_path / "a", sim_url, clock=clock, database_url=url, admin_token=TOKEN
-            ) as a,
-            second_api(
-                sim_settings(tmp_path / "b", sim_url, database_url=url, admin_token=TOKEN), clock
-            ) as b,
+            in_process_backfill(tmp_path / "a", sim_url, clock=clock, **shared) as a,
+            second_api(sim_settings(tmp_path / "b", sim_url, **shared), clock) as b,
         ):
             made = await a.client.post(
                 "/admin/v1/keys",
@@ -190,3 +190,18 @@ def test_cli_lists_and_revokes_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     missing = runner.invoke(admin_cli, ["key", "revoke", "key_nope", "--data", data])
     assert missing.exit_code == 1
     assert "No API key" in missing.output
+
+
+def test_cli_names_a_bad_master_key_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BACKFILL_CONFIG", raising=False)
+    monkeypatch.delenv("BACKFILL_MASTER_KEY", raising=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "master.key").write_text("not a key\n")
+    result = CliRunner().invoke(admin_cli, ["org", "create", "acme", "--data", str(data)])
+    assert result.exit_code == 1
+    assert "master key" in result.output
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)

@@ -14,10 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from backfill.cli.common import load, opened
+from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
-from backfill.errors import BackfillError
 from backfill.ports import ApiKey
 from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL, Settings
 
@@ -56,11 +55,8 @@ async def _with_backfill(settings: Settings, action: Action) -> str:
 
 
 def _run(settings: Settings, action: Action) -> None:
-    try:
+    with operator_errors():
         typer.echo(asyncio.run(_with_backfill(settings, action)))
-    except BackfillError as exc:
-        typer.secho(exc.message, err=True, fg="red")
-        raise typer.Exit(1) from None
 
 
 @org_app.command("create")
@@ -154,11 +150,8 @@ def key_list(
         return ""
 
     settings = _settings(config, data)
-    try:
+    with operator_errors():
         asyncio.run(_with_backfill(settings, action))
-    except BackfillError as exc:
-        typer.secho(exc.message, err=True, fg="red")
-        raise typer.Exit(1) from None
     Console(width=200).print(_keys_table(org, keys))
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import typer
+
+from backfill.adapters.blobs.master import MasterKeyError
+from backfill.errors import BackfillError
 from backfill.settings import Settings
 
 if TYPE_CHECKING:
@@ -33,3 +37,14 @@ async def opened(settings: Settings) -> AsyncIterator[Backfill]:
         yield backfill
     finally:
         await backfill.store.close()
+
+
+@contextmanager
+def operator_errors() -> Iterator[None]:
+    """What the operator must fix (a master key, a refused admin input) ends the command with
+    its message, not a traceback."""
+    try:
+        yield
+    except (MasterKeyError, BackfillError) as exc:
+        typer.secho(f"Error: {exc}", err=True, fg="red")
+        raise typer.Exit(1) from None

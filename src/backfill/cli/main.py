@@ -9,18 +9,15 @@ import ipaddress
 import logging
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
 
-from backfill.adapters.blobs.master import MasterKeyError
 from backfill.adapters.private import private_dir
 from backfill.cli import admin, batch
-from backfill.cli.common import load, opened
+from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.money import usd_to_pico
 from backfill.settings import Settings
 
@@ -45,16 +42,6 @@ def _logging(level: str) -> None:
     )
     # Migration chatter ("Context impl SQLiteImpl") is noise at every start.
     logging.getLogger("alembic").setLevel(logging.WARNING)
-
-
-@contextmanager
-def _operator_errors() -> Iterator[None]:
-    """A master key the operator must fix ends the command with its message, not a traceback."""
-    try:
-        yield
-    except MasterKeyError as exc:
-        typer.echo(f"Error: {exc}", err=True)
-        raise typer.Exit(1) from None
 
 
 def _lock(data_dir: Path) -> int:
@@ -150,7 +137,7 @@ def up(
     _refuse_weak_admin_token(settings)
     _logging(settings.log_level)
     _lock(settings.data_dir)
-    with _operator_errors():
+    with operator_errors():
         key = asyncio.run(_bootstrap(settings))
     base = f"http://{settings.host}:{settings.port}/v1"
     if key:
@@ -158,7 +145,7 @@ def up(
         typer.echo(f"\n    {key}\n")
     typer.echo(f"Backfill is starting at {base} (data in {settings.data_dir}).")
     typer.echo(f"  export OPENAI_BASE_URL={base}")
-    with _operator_errors():
+    with operator_errors():
         _serve(settings, "all")
 
 
@@ -175,7 +162,7 @@ def serve(
     _logging(settings.log_level)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)
-    with _operator_errors():
+    with operator_errors():
         asyncio.run(_check(settings))
         _serve(settings, role)
 
@@ -269,7 +256,7 @@ def db_reencrypt(
     settings = load(config)
     if settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)
-    with _operator_errors():
+    with operator_errors():
         outcome = asyncio.run(reencrypt_all(settings, Console(stderr=True)))
     for file_id, why in outcome.failed.items():
         typer.echo(f"{file_id}: {why}", err=True)
