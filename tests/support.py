@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -480,3 +480,22 @@ def new_bucket() -> str:
     )
     client.create_bucket(Bucket=name)
     return name
+
+
+@contextmanager
+def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A real, tiny filesystem that fills up (mounting needs root: CI has it)."""
+    mount_point.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        missing_infrastructure(f"a tmpfs mount, which needs root ({exc})")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=10)

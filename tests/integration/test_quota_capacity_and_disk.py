@@ -5,7 +5,6 @@ numbers and when to retry (not other orgs' queued volume), and a database out of
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from tests.support import (
     drop_pg_database,
     in_process_backfill,
     jsonl,
-    missing_infrastructure,
+    tmpfs,
 )
 
 NO_ENGINE_URL = "http://127.0.0.1:9/v1"
@@ -101,21 +100,8 @@ async def assert_nothing_left(bf: InProcess) -> None:
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "tiny-db-fs"
-    mount_point.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-            check=True,
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        missing_infrastructure(f"a tmpfs mount, which needs root ({exc})")
-    try:
+    with tmpfs(tmp_path / "tiny-db-fs", "4m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=10)
 
 
 def fill(path: Path) -> None:

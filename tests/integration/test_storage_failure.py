@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,7 +26,13 @@ import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore, RawWriter
 from backfill.adapters.engines.simulator import Simulator
 from backfill.settings import Settings
-from tests.support import InProcess, chat_line, in_process_backfill, jsonl, missing_infrastructure
+from tests.support import (
+    InProcess,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+    tmpfs,
+)
 
 Sim = tuple[str, Simulator]
 
@@ -186,21 +191,8 @@ async def test_commit_fails(
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "tiny-fs"
-    mount_point.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-            check=True,
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        missing_infrastructure(f"a tmpfs mount, which needs root ({exc})")
-    try:
+    with tmpfs(tmp_path / "tiny-fs", "2m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=10)
 
 
 async def test_real_full_filesystem(tmp_path: Path, sim: Sim, tiny_fs: Path) -> None:

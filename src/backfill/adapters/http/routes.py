@@ -82,8 +82,13 @@ async def delete_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     return _json({"id": record.id, "object": "file", "deleted": True})
 
 
-@router.get("/files/{file_id}/content", summary="Download a file's bytes (ETag, Range)")
+@router.api_route(
+    "/files/{file_id}/content",
+    methods=["GET", "HEAD"],
+    summary="Download a file's bytes (ETag, Range); HEAD gives the headers alone",
+)
 async def file_content(
+    request: Request,
     file_id: str,
     caller: Caller,
     svc: Svc,
@@ -96,28 +101,7 @@ async def file_content(
     return await download.file_content(
         svc.files,
         record,
-        head=False,
-        range_=range_,
-        if_range=if_range,
-        if_none_match=if_none_match,
-    )
-
-
-@router.head("/files/{file_id}/content", summary="A file's content headers, without the bytes")
-async def file_content_head(
-    file_id: str,
-    caller: Caller,
-    svc: Svc,
-    range_: Annotated[str | None, Header(alias="range")] = None,
-    if_range: Annotated[str | None, Header(alias="if-range")] = None,
-    if_none_match: Annotated[str | None, Header(alias="if-none-match")] = None,
-) -> Response:
-    caller.require(READ)
-    record = await svc.files.get(caller.org_id, file_id)
-    return await download.file_content(
-        svc.files,
-        record,
-        head=True,
+        head=request.method == "HEAD",
         range_=range_,
         if_range=if_range,
         if_none_match=if_none_match,
