@@ -11,16 +11,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 import orjson
+import pytest
 from aiohttp import web
 
+import backfill.container
+from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
@@ -499,3 +502,26 @@ def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=10)
+
+
+StoreT = TypeVar("StoreT", bound=LocalRawStore)
+
+
+@asynccontextmanager
+async def backfill_on_raw_store(
+    tmp_path: Path,
+    sim_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    make: Callable[[Path], StoreT],
+) -> AsyncIterator[tuple[InProcess, StoreT]]:
+    """An in-process Backfill whose local blob store is ``make(root)``: a real store with a
+    fault the test injects where a real disk or bucket would raise it."""
+    made: list[StoreT] = []
+
+    def raw_store(settings: Settings) -> StoreT:
+        made.append(make(settings.resolved_storage_path))
+        return made[-1]
+
+    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
+    async with in_process_backfill(tmp_path, sim_url) as running:
+        yield running, made[0]

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.simulator import Simulator
-from backfill.settings import Settings
-from tests.support import InProcess, assert_exactly_once, chat_line, in_process_backfill, jsonl
+from tests.support import (
+    InProcess,
+    assert_exactly_once,
+    backfill_on_raw_store,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+)
 
 Sim = tuple[str, Simulator]
 ROWS = [chat_line(f"req-{i}") for i in range(20)]
@@ -47,19 +51,10 @@ class FaultyReads(LocalRawStore):
         return await super().read(key, start, length)
 
 
-@asynccontextmanager
-async def faulty_backfill(
+def faulty_backfill(
     tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[InProcess, FaultyReads]]:
-    stores: list[FaultyReads] = []
-
-    def raw_store(settings: Settings) -> FaultyReads:
-        stores.append(FaultyReads(settings.resolved_storage_path))
-        return stores[-1]
-
-    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
-    async with in_process_backfill(tmp_path, sim[0]) as bf:
-        yield bf, stores[0]
+) -> AbstractAsyncContextManager[tuple[InProcess, FaultyReads]]:
+    return backfill_on_raw_store(tmp_path, sim[0], monkeypatch, FaultyReads)
 
 
 async def uploaded(bf: InProcess) -> str:

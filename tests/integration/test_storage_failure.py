@@ -22,12 +22,11 @@ from typing import Any, BinaryIO
 import httpx
 import pytest
 
-import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore, RawWriter
 from backfill.adapters.engines.simulator import Simulator
-from backfill.settings import Settings
 from tests.support import (
     InProcess,
+    backfill_on_raw_store,
     chat_line,
     in_process_backfill,
     jsonl,
@@ -107,11 +106,10 @@ class FaultyRawStore(LocalRawStore):
 async def faulty_backfill(
     tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch, disk: Disk
 ) -> AsyncIterator[InProcess]:
-    def raw_store(settings: Settings) -> FaultyRawStore:
-        return FaultyRawStore(settings.resolved_storage_path, disk)
+    def make(root: Path) -> FaultyRawStore:
+        return FaultyRawStore(root, disk)
 
-    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
-    async with in_process_backfill(tmp_path, sim[0]) as running:
+    async with backfill_on_raw_store(tmp_path, sim[0], monkeypatch, make) as (running, _):
         yield running
 
 

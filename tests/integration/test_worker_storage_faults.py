@@ -14,21 +14,25 @@ import errno
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
 
-import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.simulator import Simulator
 from backfill.domain.lifecycle import ItemState
-from backfill.settings import Settings
-from tests.support import InProcess, assert_exactly_once, chat_line, in_process_backfill, jsonl
+from tests.support import (
+    InProcess,
+    assert_exactly_once,
+    backfill_on_raw_store,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+)
 
 Sim = tuple[str, Simulator]
 
@@ -136,19 +140,10 @@ class FlakyReads(LocalRawStore):
         return await super().read(key, start, length)
 
 
-@asynccontextmanager
-async def flaky_backfill(
+def flaky_backfill(
     tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[InProcess, FlakyReads]]:
-    stores: list[FlakyReads] = []
-
-    def raw_store(settings: Settings) -> FlakyReads:
-        stores.append(FlakyReads(settings.resolved_storage_path))
-        return stores[-1]
-
-    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
-    async with in_process_backfill(tmp_path, sim[0]) as bf:
-        yield bf, stores[0]
+) -> AbstractAsyncContextManager[tuple[InProcess, FlakyReads]]:
+    return backfill_on_raw_store(tmp_path, sim[0], monkeypatch, FlakyReads)
 
 
 async def test_failing_reads_back_off_then_complete_exactly_once(
