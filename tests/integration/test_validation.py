@@ -163,6 +163,12 @@ async def test_non_utf8_bytes(backfill: InProcess) -> None:
     assert_rejected(response, "invalid_json_line", line=2, param=None)
 
 
+async def test_byte_order_mark_is_named(backfill: InProcess) -> None:
+    response = await backfill.upload(b"\xef\xbb\xbf" + jsonl(good(2)))
+    error = assert_rejected(response, "invalid_json_line", line=1, param=None)
+    assert "byte order mark" in error["message"]
+
+
 async def test_unknown_top_level_key(backfill: InProcess) -> None:
     row = chat_line("req-2")
     row["metadata"] = {"a": "b"}

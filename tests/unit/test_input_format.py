@@ -486,3 +486,9 @@ def test_line_past_max_lines_is_too_many_requests_in_file() -> None:
         v.check(raw(chat("r4")), 4)
     assert_error(info.value, "too_many_requests_in_file", None, line=4)
     assert "3" in info.value.message
+
+
+def test_a_byte_order_mark_is_named() -> None:
+    error = reject(b"\xef\xbb\xbf" + raw(chat()))
+    assert_error(error, "invalid_json_line", None)
+    assert "byte order mark" in error.message

@@ -78,6 +78,7 @@ class _RawBody(msgspec.Struct):
     body: dict[str, msgspec.Raw]
 
 
+_BOM = b"\xef\xbb\xbf"
 _DECODER = msgspec.json.Decoder(RequestLine)
 _BODY = msgspec.json.Decoder(_RawBody)
 _MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
@@ -237,6 +238,14 @@ class LineValidator:
             )
         if isinstance(exc, msgspec.ValidationError):
             return _decode_error(line_no, exc)
+        if raw.startswith(_BOM):
+            # Editors on Windows add it; msgspec only reports "invalid character (byte 0)".
+            return LineError(
+                "invalid_json_line",
+                f"Line {line_no} starts with a UTF-8 byte order mark (BOM); save the file as "
+                "UTF-8 without BOM.",
+                line=line_no,
+            )
         if isinstance(exc, RecursionError):
             return LineError(
                 "invalid_json_line",
