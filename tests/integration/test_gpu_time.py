@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,13 @@ from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import build
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.money import gpu_time_charge, usd_to_pico
+from backfill.domain.money import (
+    MAX_GPU_RECEIPT_MS,
+    MAX_GPU_SECOND_PRICE,
+    MAX_GPUS,
+    gpu_time_charge,
+    usd_to_pico,
+)
 from backfill.ports import Clock, Engine, Ledger
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.services.tenants import SCOPES
@@ -93,6 +99,19 @@ def test_one_span_is_charged_by_the_millisecond() -> None:
     assert receipt.created_at == START + 8.5
     assert (receipt.input_tokens, receipt.cached_tokens, receipt.output_tokens) == (0, 0, 0)
     assert meter.take() == []
+
+
+def test_a_span_longer_than_an_hour_becomes_several_receipts_that_fit() -> None:
+    clock = ManualClock(START)
+    meter = GpuMeter(clock)
+    d = replace(deployment(), gpu_count=MAX_GPUS, microusd_per_gpu_second=MAX_GPU_SECOND_PRICE)
+    meter.begin(d, "org_acme")
+    clock.advance(2.5 * 3600)  # charging held up for hours (a database outage)
+    receipts = meter.take()
+    assert [r.gpu_ms for r in receipts] == [MAX_GPU_RECEIPT_MS, MAX_GPU_RECEIPT_MS, 1_800_000]
+    assert all(r.amount < 2**63 for r in receipts)
+    total = sum(r.amount for r in receipts)
+    assert total == gpu_time_charge(MAX_GPUS, MAX_GPU_SECOND_PRICE, 9_000_000)
 
 
 def test_overlapping_requests_are_charged_once_and_idle_time_never() -> None:

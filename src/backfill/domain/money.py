@@ -24,9 +24,12 @@ MAX_BALANCE = MAX_BALANCE_USD * PICO_PER_USD
 # request's charge stays under 10**18 pUSD (1 M USD) per price, so it always fits.
 MAX_TOKEN_PRICE = 10**10
 MAX_TOKENS = 100_000_000
-# uUSD per GPU-second (10 USD) and GPUs per deployment: a span of minutes still fits.
-MAX_GPU_SECOND_PRICE = 10**7
-MAX_GPUS = 4096
+# uUSD per GPU-second (0.10 USD, 360 USD per GPU-hour) and GPUs per deployment: at most
+# 102.4 USD a second, so a GPU-time receipt of up to MAX_GPU_RECEIPT_MS (one hour, 368,640 USD)
+# fits with room to spare; the meter splits longer spans.
+MAX_GPU_SECOND_PRICE = 10**5
+MAX_GPUS = 1024
+MAX_GPU_RECEIPT_MS = 3_600_000
 # Digits before the point that an amount may have at all; the real caps are checked after.
 _MAX_USD_DIGITS = 24
 

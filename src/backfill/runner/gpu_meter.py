@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.money import gpu_time_charge
+from backfill.domain.money import MAX_GPU_RECEIPT_MS, gpu_time_charge
 from backfill.ports import Clock, Receipt
 
 
@@ -63,25 +63,30 @@ class GpuMeter:
             if ms <= 0:
                 continue
             d = span.deployment
-            receipts.append(
-                Receipt(
-                    request_id=ids.request_id(),
-                    org_id=span.org_id,
-                    kind="gpu_time",
-                    batch_id=None,
-                    custom_id=None,
-                    model_config_id=d.model_config_id,
-                    deployment_id=d.id,
-                    input_tokens=0,
-                    cached_tokens=0,
-                    output_tokens=0,
-                    prices=None,
-                    gpu_count=d.gpu_count,
-                    gpu_ms=ms,
-                    amount=gpu_time_charge(d.gpu_count, d.microusd_per_gpu_second, ms),
-                    started_at=span.started_at,
-                    created_at=now,
+            # A span longer than MAX_GPU_RECEIPT_MS (charging was held up) becomes several
+            # receipts, so no one amount can leave its 64-bit column.
+            while ms > 0:
+                part = min(ms, MAX_GPU_RECEIPT_MS)
+                ms -= part
+                receipts.append(
+                    Receipt(
+                        request_id=ids.request_id(),
+                        org_id=span.org_id,
+                        kind="gpu_time",
+                        batch_id=None,
+                        custom_id=None,
+                        model_config_id=d.model_config_id,
+                        deployment_id=d.id,
+                        input_tokens=0,
+                        cached_tokens=0,
+                        output_tokens=0,
+                        prices=None,
+                        gpu_count=d.gpu_count,
+                        gpu_ms=part,
+                        amount=gpu_time_charge(d.gpu_count, d.microusd_per_gpu_second, part),
+                        started_at=span.started_at,
+                        created_at=now,
+                    )
                 )
-            )
             span.started_at = now if span.in_flight else None
         return receipts
