@@ -31,7 +31,7 @@ from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
-from backfill.services.files import FileService
+from backfill.services.files import FileService, content_key
 from backfill.services.operations import Operations
 from backfill.services.tenants import TenantService
 from backfill.settings import LOCAL_CONTEXT, LOCAL_ENGINE, LOCAL_MODEL, ModelSettings, Settings
@@ -54,8 +54,21 @@ class Backfill:
     async def init(self) -> None:
         """Bring the schema up to date and check the master key against the database."""
         await self.store.init()
-        floor = await verify_master_key(self.store, self.master, int(self.clock.now()))
+        floor = await verify_master_key(
+            self.store, self.master, int(self.clock.now()), self._opens_stored_content
+        )
         self.content.legacy_reads = floor < 2
+
+    async def _opens_stored_content(self) -> bool | None:
+        """Whether the master key opens any of a few stored files (None: none to try); one
+        damaged or deleted blob must not decide it."""
+        answers = [
+            await self.content.opens(content_key(file_id))
+            for file_id in await self.store.stored_file_ids(None, 5)
+        ]
+        if True in answers:
+            return True
+        return False if False in answers else None
 
     async def start(self) -> None:
         await self.init()

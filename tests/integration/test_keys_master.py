@@ -107,6 +107,19 @@ async def test_a_database_from_before_the_check_records_the_key_in_use(
     assert rows == [(1,)]
 
 
+async def test_a_database_from_before_the_check_refuses_a_key_that_opens_nothing(
+    tmp_path: Path, sim: Sim
+) -> None:
+    data = await stored_data(tmp_path, sim)
+    with sqlite3.connect(data / "backfill.db") as db:
+        db.execute("DELETE FROM keyring")
+    (data / "master.key").write_bytes(new_key_text())
+    with pytest.raises(MasterKeyError, match="cannot open the content"):
+        await restart(tmp_path, sim)
+    with sqlite3.connect(data / "backfill.db") as db:
+        assert db.execute("SELECT count(*) FROM keyring").fetchall() == [(0,)]
+
+
 @pytest.mark.parametrize(
     "content",
     [b"%%% not base64 %%%\n", base64.b64encode(os.urandom(16)) + b"\n", b"", b"\n"],

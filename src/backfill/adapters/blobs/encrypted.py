@@ -82,6 +82,21 @@ class EncryptedBlobStore:
         header, blob_key = self._keyring.new_header(key)
         return _EncryptingWriter(await self._raw.writer(key), blob_key, header)
 
+    async def opens(self, key: str) -> bool | None:
+        """Whether the master key unwraps the data key of ``key`` (None: nothing stored there).
+
+        Format 1 counts: this asks "was it written with our key", not "may it be read".
+        """
+        try:
+            header = await self._raw.read(key, 0, HEADER)
+        except NotFound:
+            return None
+        try:
+            self._keyring.parse_header(header, key, legacy=True)
+        except (ValueError, InvalidTag):
+            return False
+        return True
+
     async def _open(self, key: str) -> tuple[BlobKey, int, int]:
         cached = self._keys.get(key)
         if cached is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,11 +66,18 @@ def load_master_key(setting: str | None, key_file: Path) -> MasterKey:
         raise MasterKeyError(str(exc)) from None
 
 
-async def verify_master_key(records: KeyringStore, master: MasterKey, now: int) -> int:
+async def verify_master_key(
+    records: KeyringStore,
+    master: MasterKey,
+    now: int,
+    opens_stored_content: Callable[[], Awaitable[bool | None]],
+) -> int:
     """Check ``master`` against the database, recording it there on first use.
 
-    Returns the oldest blob format reads must still accept. Raises ``MasterKeyError`` when the
-    key is not the database's, or when the key file is missing and the database holds data.
+    ``opens_stored_content`` answers whether the key unwraps some stored blob (None when there
+    is none to try). Returns the oldest blob format reads must still accept. Raises
+    ``MasterKeyError`` when the key is not the database's, or when the key file is missing and
+    the database holds data.
     """
     stored = await records.keyring()
     if stored is None:
@@ -78,8 +86,15 @@ async def verify_master_key(records: KeyringStore, master: MasterKey, now: int) 
             raise MasterKeyError(_missing(master))
         if master.new is not None:
             _save(master.key_file, master.new)
-        # A database from before the check: its blobs may still be format 1, and its key is
-        # recorded as the one in use now (it cannot be checked against anything older).
+        # A database from before the check: the key in use now is recorded, but only once it
+        # is shown to open what is stored: a wrong key recorded here would fail every batch.
+        if holds and await opens_stored_content() is False:
+            raise MasterKeyError(
+                f"The master key from {master.source} cannot open the content this database "
+                "holds. Restore the key it was written with (from a backup of master.key or of "
+                "BACKFILL_MASTER_KEY)."
+            )
+        # Its blobs may still be format 1 (not bound to their names).
         floor = 1 if holds else CURRENT_BLOB_FORMAT
         stored = await records.init_keyring(KeyringRecord(master.keyring.check_value(), floor, now))
     if not master.keyring.matches(stored.check_value):
