@@ -22,7 +22,13 @@ from backfill.adapters.db.rows import (
 )
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
-from backfill.errors import Conflict, InvalidInput, PaymentRequired, RateLimited
+from backfill.errors import (
+    Conflict,
+    InvalidInput,
+    PaymentRequired,
+    RateLimited,
+    retained_input_limit,
+)
 from backfill.ports import (
     Admission,
     BatchRecord,
@@ -30,7 +36,6 @@ from backfill.ports import (
     LineRef,
     Page,
 )
-from backfill.services.files import retained_input_limit
 
 _INSERT_CHUNK = 5000
 _MAX_ID_CHARS = 64  # the id columns' width
