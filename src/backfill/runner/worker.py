@@ -300,7 +300,7 @@ class Worker:
             self._drop_backlog(slot, lambda other: other.id == batch_id)
 
     def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        task = asyncio.create_task(self._metered(slot, batch, item))
+        task = asyncio.create_task(self._run_item(slot, batch, item))
         tasks = self._tasks[batch.id]
         tasks.add(task)
         running = self._running[batch.id]
@@ -314,19 +314,6 @@ class Worker:
 
         task.add_done_callback(done)
 
-    async def _metered(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        deployment = None
-        if batch.billing == "gpu_time":
-            deployment = await self._deployment(batch.model)
-        if deployment is None:
-            await self._run_item(slot, batch, item)
-            return
-        self._meter.begin(deployment, batch.org_id)
-        try:
-            await self._run_item(slot, batch, item)
-        finally:
-            self._meter.end(deployment.id)
-
     async def _deployment(self, model: str) -> CatalogModel | None:
         """The private deployment a GPU-time batch runs on, read from the catalog once."""
         if model not in self._deployments:
@@ -335,6 +322,7 @@ class Worker:
 
     async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         released = False
+        metered: CatalogModel | None = None
 
         def release_slot() -> None:
             nonlocal released
@@ -343,6 +331,12 @@ class Worker:
                 self._pool.release(slot)
 
         try:
+            # The deployment is read from the catalog inside the guarded path: a database
+            # error there must give the slot and the lease back like any other failure.
+            if batch.billing == "gpu_time":
+                metered = await self._deployment(batch.model)
+                if metered is not None:
+                    self._meter.begin(metered, batch.org_id)
             try:
                 raw = await self._blobs.read(
                     content_key(batch.input_file_id), item.offset, item.offset + item.length
@@ -393,6 +387,8 @@ class Worker:
             await self._release(batch.id, item.idx, self._clock.now() + delay)
         finally:
             release_slot()
+            if metered is not None:
+                self._meter.end(metered.id)
 
     async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
         """Give a lease back; when the database refuses, the heartbeat tries again."""
