@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import defaultdict, deque
@@ -18,6 +19,7 @@ from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.money import MAX_TOKENS
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
 from backfill.metrics import Metrics
 from backfill.ports import (
@@ -42,6 +44,11 @@ from backfill.services.files import FileService, content_key
 from backfill.services.retention import Janitor
 
 log = logging.getLogger("backfill.runner")
+
+REPEATED_FAILURE = (
+    "This request failed repeatedly inside Backfill (not at the engine) and was given up so "
+    "its batch could finish; submit it again."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +112,9 @@ class Worker:
         self._running: dict[str, set[int]] = defaultdict(set)
         # Leases whose release failed (the database was down): retried by the heartbeat.
         self._unreleased: dict[tuple[str, int], float | None] = {}
-        self._failures = WorkerFailures(config.retry_base_s, config.retry_max_s)
+        self._failures = WorkerFailures(
+            config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
+        )
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
         self._batches: list[BatchRecord] = []
@@ -330,6 +339,8 @@ class Worker:
                 released = True
                 self._pool.release(slot)
 
+        # Whether a failure can be this request's own doing: not before its input is read.
+        own = False
         try:
             # The deployment is read from the catalog inside the guarded path: a database
             # error there must give the slot and the lease back like any other failure.
@@ -354,6 +365,7 @@ class Worker:
                     ),
                 )
             else:
+                own = True
                 outcome = await self._attempts(slot, batch, item, request_body(raw))
             release_slot()
             self._start_backlog(slot)
@@ -375,7 +387,7 @@ class Worker:
                     custom_id=item.custom_id,
                 )
             )
-            self._failures.succeeded(batch.id)
+            self._failures.succeeded(batch.id, item.idx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -383,12 +395,35 @@ class Worker:
             # not before a backoff, so a lasting cause is not retried in a hot loop.
             release_slot()
             self._start_backlog(slot)
-            delay = self._failures.transient(batch.id, item.idx, exc)
+            delay = self._failures.transient(batch.id, item.idx, exc, own=own)
+            if delay is None:
+                if await self._give_up(batch, item):
+                    return
+                delay = self._config.retry_max_s
             await self._release(batch.id, item.idx, self._clock.now() + delay)
         finally:
             release_slot()
             if metered is not None:
                 self._meter.end(metered.id)
+
+    async def _give_up(self, batch: BatchRecord, item: ClaimedItem) -> bool:
+        """End a request that keeps failing inside Backfill with an error row, so its batch
+        can finish; False when even that cannot be stored (it is released and retried)."""
+        row = error_row(item.custom_id, "internal_error", REPEATED_FAILURE)
+        try:
+            await self._results.put(
+                ItemResult(
+                    batch_id=batch.id,
+                    idx=item.idx,
+                    lease_token=self._token,
+                    ok=False,
+                    payload=self._sealer.seal(row, result_context(batch.id, item.idx)),
+                    custom_id=item.custom_id,
+                )
+            )
+        except Exception:
+            return False
+        return True
 
     async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
         """Give a lease back; when the database refuses, the heartbeat tries again."""
@@ -561,10 +596,21 @@ def _usage(body: Any) -> tuple[int, int, int]:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return (
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(cached or 0),
+        _tokens(usage.get("prompt_tokens")),
+        _tokens(usage.get("completion_tokens")),
+        _tokens(cached),
     )
+
+
+def _tokens(value: Any) -> int:
+    """One usage count as Backfill stores and bills it, from 0 to MAX_TOKENS: the engine is
+    not trusted, and a count past the columns' range would fail the whole group commit while
+    a negative one would credit the org."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return min(max(int(value), 0), MAX_TOKENS)
 
 
 def _json_or_text(raw: bytes) -> Any:
