@@ -40,6 +40,7 @@ from backfill.runner.finalize import Finalizer, result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
+from backfill.services.batches import BatchStarter
 from backfill.services.files import FileService, content_key
 from backfill.services.retention import Janitor
 
@@ -67,6 +68,10 @@ class WorkerConfig:
     batch_refresh_s: float = 0.25
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
+    # A batch still ``validating`` this long after its creation is started by the lifecycle:
+    # the process that created it met a fault and may be gone (or serve the API only).
+    validating_grace_s: float = 30.0
+    validating_retry_max_s: float = 60.0
 
 
 @dataclass(slots=True)
@@ -125,6 +130,11 @@ class Worker:
         self._paused_orgs: set[str] = set()
         self._deployments: dict[str, CatalogModel | None] = {}
         self._org_turn = 0
+        self._starter = BatchStarter(store, files, clock)
+        # Validating batches this worker is starting or expiring, and when to try again (by
+        # the machine's monotonic time) with the delay used last, for those that failed.
+        self._taking_over: dict[str, asyncio.Task[None]] = {}
+        self._take_over_after: dict[str, tuple[float, float]] = {}
 
     async def start(self) -> None:
         if self._config.sole_worker:
@@ -143,13 +153,14 @@ class Worker:
         # leave SQLite locked for the next process on the same data directory.
         self._stopping.set()
         self._freed.set()
-        _, late = await asyncio.wait(self._loops, timeout=10) if self._loops else (set(), set())
+        busy = [*self._loops, *self._taking_over.values()]
+        _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
         for task in late:
             task.cancel()
         running = [t for tasks in self._tasks.values() for t in tasks]
         for task in running:
             task.cancel()
-        await asyncio.gather(*self._loops, *running, return_exceptions=True)
+        await asyncio.gather(*busy, *running, return_exceptions=True)
         for slot in self._pool.slots:
             self._drop_backlog(slot, lambda _batch: True)
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -552,9 +563,17 @@ class Worker:
 
     async def lifecycle_once(self) -> None:
         now = self._clock.now()
-        active = [BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
+        active = [
+            BatchStatus.VALIDATING,
+            BatchStatus.IN_PROGRESS,
+            BatchStatus.CANCELLING,
+            BatchStatus.FINALIZING,
+        ]
         for batch in await self._store.batches_in(active):
             status = BatchStatus(batch.status)
+            if status == BatchStatus.VALIDATING:
+                self._take_over(batch, now)
+                continue
             local = self._tasks.get(batch.id)
             if status == BatchStatus.CANCELLING or (
                 status == BatchStatus.IN_PROGRESS and now >= batch.expires_at
@@ -579,6 +598,52 @@ class Worker:
                         )
             else:
                 await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
+
+    def _take_over(self, batch: BatchRecord, now: float) -> None:
+        """Start a batch left ``validating``, or expire it once its window is over, in the
+        background: enqueueing a large file must not hold up the other batches' lifecycle."""
+        expired = now >= batch.expires_at
+        if batch.id in self._taking_over:
+            return
+        if not expired and now - batch.created_at < self._config.validating_grace_s:
+            return  # the process that created it is most likely enqueueing it right now
+        not_before, _ = self._take_over_after.get(batch.id, (float("-inf"), 0.0))
+        if time.monotonic() < not_before:
+            return
+        task = asyncio.create_task(self._start_or_expire(batch, expired))
+        self._taking_over[batch.id] = task
+        task.add_done_callback(lambda _: self._taking_over.pop(batch.id, None))
+
+    async def _start_or_expire(self, batch: BatchRecord, expired: bool) -> None:
+        try:
+            if expired:
+                # SPEC §4.6: every request of an expired batch gets its batch_expired row, so
+                # the lines are queued first (as the creation would have) and then closed.
+                if await self._starter.queue(batch):
+                    await self._store.close_unfinished(batch.id, "batch_expired")
+                    await self._finalizer.finalize(
+                        batch, BatchStatus.VALIDATING, BatchStatus.EXPIRED
+                    )
+            elif await self._starter.start(batch):
+                log.info("started %s, which its creation had left validating", batch.id)
+                self.note_created(batch.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _, last = self._take_over_after.get(batch.id, (0.0, 0.0))
+            delay = min(
+                max(2 * last, self._config.retry_base_s), self._config.validating_retry_max_s
+            )
+            self._take_over_after[batch.id] = (time.monotonic() + delay, delay)
+            if not last:
+                log.warning(
+                    "could not %s %s yet; trying again with backoff",
+                    "expire" if expired else "start",
+                    batch.id,
+                    exc_info=exc,
+                )
+            return
+        self._take_over_after.pop(batch.id, None)
 
     async def _abandon(self, batch_id: str) -> None:
         self._failures.forget(batch_id)
