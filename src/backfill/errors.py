@@ -104,3 +104,14 @@ class RateLimited(BackfillError):
         super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
         self.retryable = retry_after_s is not None
+
+
+def retained_input_limit(retained: int, adding: int, limit: int) -> RateLimited:
+    """The 429 for an org whose input files would keep more than ``limit`` bytes; here
+    because uploads (a service) and admission (the database adapter) both refuse with it."""
+    adds = f" and this file adds {adding}" if adding else ""
+    return RateLimited(
+        f"This organization keeps {retained} bytes of input files{adds}; the limit is {limit} "
+        "bytes. Delete input files you no longer need (DELETE /v1/files/{id}) and retry.",
+        code="retained_input_limit",
+    )

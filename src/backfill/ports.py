@@ -215,6 +215,9 @@ class Admission:
     max_unfinished: int
     max_retained_input_bytes: int
     throughput_tokens_per_s: int | None
+    # The input file is kept at least until then, set with the batch row so that an accepted
+    # batch never leaves its input on the ordinary upload expiry.
+    input_expires_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +361,11 @@ class Store(Protocol):
         """Insert the batch, reserving credit and enforcing limits in the same transaction."""
         ...
 
-    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None: ...
+    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> bool:
+        """Queue ``lines`` (idempotently) while the batch may still run (``validating``, or
+        ``in_progress`` for a repeated resume); False, adding nothing, once it is cancelling,
+        finalizing or over."""
+        ...
 
     async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None: ...
 

@@ -12,14 +12,20 @@ from __future__ import annotations
 import errno
 import os
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
+import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.simulator import Simulator
+from backfill.errors import StorageError
+from backfill.services.batches import ACCEPTED_INPUT_GRACE_S
+from backfill.settings import Settings
 from tests.support import (
     InProcess,
     assert_exactly_once,
@@ -161,4 +167,156 @@ async def test_resume_fails_a_batch_it_cannot_enqueue_and_resumes_the_rest(
         resumed = await bf.wait(kept["id"])
         assert resumed["status"] == "completed", resumed
         assert resumed["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+        assert await org_reserved(bf) == 0
+
+
+# ---- a batch left validating always ends somewhere -------------------------------------------
+
+
+def take_over_at_once(bf: InProcess) -> None:
+    """The worker's lifecycle starts a validating batch without waiting for its grace."""
+    worker = bf.backfill.worker
+    assert worker is not None
+    worker._config = replace(worker._config, validating_grace_s=0.0)
+
+
+async def test_lifecycle_starts_a_batch_whose_creating_process_stopped_retrying(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in an API-only deployment, or after the process that created it crashed: nobody in
+    the creating process retries; a worker's lifecycle starts the batch."""
+    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+        bf.backfill.services.batches.enqueue_retry_base_s = 3600.0
+        file_id = await uploaded(bf)
+        raw.eio[f"files/{file_id}.index"] = 1
+        created = (await bf.create(file_id)).json()
+        assert created["status"] == "validating", created
+        take_over_at_once(bf)
+
+        batch = await bf.wait(created["id"], timeout_s=30)
+        assert batch["status"] == "completed", batch
+        assert batch["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
+        assert_exactly_once(ROWS, await bf.rows(batch["output_file_id"]), [])
+        assert await org_reserved(bf) == 0
+
+
+async def test_background_retry_survives_a_database_error(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry's own status read fails once: the retry goes on instead of ending quietly."""
+    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+        batches = bf.backfill.services.batches
+        batches.enqueue_retry_base_s = 0.05
+        file_id = await uploaded(bf)
+        raw.eio[f"files/{file_id}.index"] = 1
+        store = bf.backfill.store
+        real_get = store.get_batch
+        failed: list[str] = []
+
+        async def get_batch(org_id: str | None, batch_id: str) -> Any:
+            if org_id is None and not failed:  # the retry's read, not the API's
+                failed.append(batch_id)
+                raise StorageError("The database failed while reading a batch: OSError.")
+            return await real_get(org_id, batch_id)
+
+        monkeypatch.setattr(store, "get_batch", get_batch)
+        created = (await bf.create(file_id)).json()
+        assert created["status"] == "validating", created
+
+        batch = await bf.wait(created["id"], timeout_s=20)
+        assert failed == [created["id"]], "the retry never met the fault"
+        assert batch["status"] == "completed", batch
+        assert await org_reserved(bf) == 0
+
+
+async def test_batch_still_validating_when_its_window_ends_expires(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §4.6: it becomes ``expired``, every line gets a ``batch_expired`` error row, and
+    its reservation is given back."""
+    made: list[FaultyReads] = []
+
+    def raw_store(settings: Settings) -> FaultyReads:
+        made.append(FaultyReads(settings.resolved_storage_path))
+        return made[-1]
+
+    monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
+    async with in_process_backfill(tmp_path, sim[0], min_completion_window_s=1) as bf:
+        [raw] = made
+        bf.backfill.services.batches.enqueue_retry_base_s = 3600.0
+        file_id = await uploaded(bf)
+        raw.eio[f"files/{file_id}.index"] = 1
+        created = (await bf.create(file_id, completion_window="2s")).json()
+        assert created["status"] == "validating", created
+        assert await org_reserved(bf) > 0
+
+        batch = await bf.wait(created["id"], timeout_s=30)
+        assert batch["status"] == "expired", batch
+        assert batch["expired_at"] is not None
+        assert batch["request_counts"] == {"total": 20, "completed": 0, "failed": 20}
+        err = await bf.rows(batch["error_file_id"])
+        assert_exactly_once(ROWS, await bf.rows(batch["output_file_id"]), err)
+        assert {row["error"]["code"] for row in err} == {"batch_expired"}
+        assert await org_reserved(bf) == 0
+
+
+async def test_input_expiry_is_set_with_the_batch_row(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing after the batch row is committed can turn an accepted creation into a 503."""
+    async with in_process_backfill(tmp_path, sim[0]) as bf:
+        store = bf.backfill.store
+
+        async def set_file_expiry(file_id: str, expires_at: int) -> None:
+            raise StorageError("The database failed while setting a file's expiry: OSError.")
+
+        monkeypatch.setattr(store, "set_file_expiry", set_file_expiry)
+        file_id = await uploaded(bf)
+        response = await bf.create(file_id)
+        assert response.status_code == 200, response.text
+        created = response.json()
+        async with store.engine.connect() as conn:
+            expires = (
+                await conn.execute(select(t.files.c.expires_at).where(t.files.c.id == file_id))
+            ).scalar_one()
+        assert expires == created["expires_at"] + ACCEPTED_INPUT_GRACE_S
+        batch = await bf.wait(created["id"])
+        assert batch["status"] == "completed", batch
+
+
+# ---- cancel racing the enqueue ------------------------------------------------------------
+
+
+async def test_cancel_between_enqueue_chunks_leaves_no_item_behind(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch is cancelled, and finished, after its creation read the input and before it
+    stored the items: none are stored under the finished batch."""
+    async with in_process_backfill(tmp_path, sim[0]) as bf:
+        store = bf.backfill.store
+        real_add = store.add_items
+
+        async def add_items(batch_id: str, lines: Any) -> bool:
+            cancelled = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
+            assert cancelled.status_code == 200, cancelled.text
+            assert (await bf.wait(batch_id, timeout_s=10))["status"] == "cancelled"
+            added: bool = await real_add(batch_id, lines)
+            return added
+
+        monkeypatch.setattr(store, "add_items", add_items)
+        file_id = await uploaded(bf)
+        created = await bf.create(file_id)
+        assert created.status_code == 200, created.text
+        batch = created.json()
+        assert batch["status"] == "cancelled", batch
+
+        async with store.engine.connect() as conn:
+            items = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(t.items)
+                    .where(t.items.c.batch_id == batch["id"])
+                )
+            ).scalar_one()
+        assert items == 0
         assert await org_reserved(bf) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import defaultdict, deque
@@ -18,6 +19,7 @@ from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.money import MAX_TOKENS
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
 from backfill.metrics import Metrics
 from backfill.ports import (
@@ -38,10 +40,16 @@ from backfill.runner.finalize import Finalizer, result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
+from backfill.services.batches import BatchStarter
 from backfill.services.files import FileService, content_key
 from backfill.services.retention import Janitor
 
 log = logging.getLogger("backfill.runner")
+
+REPEATED_FAILURE = (
+    "This request failed repeatedly inside Backfill (not at the engine) and was given up so "
+    "its batch could finish; submit it again."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +68,10 @@ class WorkerConfig:
     batch_refresh_s: float = 0.25
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
+    # A batch still ``validating`` this long after its creation is started by the lifecycle:
+    # the process that created it met a fault and may be gone (or serve the API only).
+    validating_grace_s: float = 30.0
+    validating_retry_max_s: float = 60.0
 
 
 @dataclass(slots=True)
@@ -105,7 +117,9 @@ class Worker:
         self._running: dict[str, set[int]] = defaultdict(set)
         # Leases whose release failed (the database was down): retried by the heartbeat.
         self._unreleased: dict[tuple[str, int], float | None] = {}
-        self._failures = WorkerFailures(config.retry_base_s, config.retry_max_s)
+        self._failures = WorkerFailures(
+            config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
+        )
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
         self._batches: list[BatchRecord] = []
@@ -116,6 +130,11 @@ class Worker:
         self._paused_orgs: set[str] = set()
         self._deployments: dict[str, CatalogModel | None] = {}
         self._org_turn = 0
+        self._starter = BatchStarter(store, files, clock)
+        # Validating batches this worker is starting or expiring, and when to try again (by
+        # the machine's monotonic time) with the delay used last, for those that failed.
+        self._taking_over: dict[str, asyncio.Task[None]] = {}
+        self._take_over_after: dict[str, tuple[float, float]] = {}
 
     async def start(self) -> None:
         if self._config.sole_worker:
@@ -134,13 +153,14 @@ class Worker:
         # leave SQLite locked for the next process on the same data directory.
         self._stopping.set()
         self._freed.set()
-        _, late = await asyncio.wait(self._loops, timeout=10) if self._loops else (set(), set())
+        busy = [*self._loops, *self._taking_over.values()]
+        _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
         for task in late:
             task.cancel()
         running = [t for tasks in self._tasks.values() for t in tasks]
         for task in running:
             task.cancel()
-        await asyncio.gather(*self._loops, *running, return_exceptions=True)
+        await asyncio.gather(*busy, *running, return_exceptions=True)
         for slot in self._pool.slots:
             self._drop_backlog(slot, lambda _batch: True)
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -300,7 +320,7 @@ class Worker:
             self._drop_backlog(slot, lambda other: other.id == batch_id)
 
     def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        task = asyncio.create_task(self._metered(slot, batch, item))
+        task = asyncio.create_task(self._run_item(slot, batch, item))
         tasks = self._tasks[batch.id]
         tasks.add(task)
         running = self._running[batch.id]
@@ -314,19 +334,6 @@ class Worker:
 
         task.add_done_callback(done)
 
-    async def _metered(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        deployment = None
-        if batch.billing == "gpu_time":
-            deployment = await self._deployment(batch.model)
-        if deployment is None:
-            await self._run_item(slot, batch, item)
-            return
-        self._meter.begin(deployment, batch.org_id)
-        try:
-            await self._run_item(slot, batch, item)
-        finally:
-            self._meter.end(deployment.id)
-
     async def _deployment(self, model: str) -> CatalogModel | None:
         """The private deployment a GPU-time batch runs on, read from the catalog once."""
         if model not in self._deployments:
@@ -335,6 +342,7 @@ class Worker:
 
     async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
         released = False
+        metered: CatalogModel | None = None
 
         def release_slot() -> None:
             nonlocal released
@@ -342,7 +350,15 @@ class Worker:
                 released = True
                 self._pool.release(slot)
 
+        # Whether a failure can be this request's own doing: not before its input is read.
+        own = False
         try:
+            # The deployment is read from the catalog inside the guarded path: a database
+            # error there must give the slot and the lease back like any other failure.
+            if batch.billing == "gpu_time":
+                metered = await self._deployment(batch.model)
+                if metered is not None:
+                    self._meter.begin(metered, batch.org_id)
             try:
                 raw = await self._blobs.read(
                     content_key(batch.input_file_id), item.offset, item.offset + item.length
@@ -360,6 +376,7 @@ class Worker:
                     ),
                 )
             else:
+                own = True
                 outcome = await self._attempts(slot, batch, item, request_body(raw))
             release_slot()
             self._start_backlog(slot)
@@ -381,7 +398,7 @@ class Worker:
                     custom_id=item.custom_id,
                 )
             )
-            self._failures.succeeded(batch.id)
+            self._failures.succeeded(batch.id, item.idx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -389,10 +406,35 @@ class Worker:
             # not before a backoff, so a lasting cause is not retried in a hot loop.
             release_slot()
             self._start_backlog(slot)
-            delay = self._failures.transient(batch.id, item.idx, exc)
+            delay = self._failures.transient(batch.id, item.idx, exc, own=own)
+            if delay is None:
+                if await self._give_up(batch, item):
+                    return
+                delay = self._config.retry_max_s
             await self._release(batch.id, item.idx, self._clock.now() + delay)
         finally:
             release_slot()
+            if metered is not None:
+                self._meter.end(metered.id)
+
+    async def _give_up(self, batch: BatchRecord, item: ClaimedItem) -> bool:
+        """End a request that keeps failing inside Backfill with an error row, so its batch
+        can finish; False when even that cannot be stored (it is released and retried)."""
+        row = error_row(item.custom_id, "internal_error", REPEATED_FAILURE)
+        try:
+            await self._results.put(
+                ItemResult(
+                    batch_id=batch.id,
+                    idx=item.idx,
+                    lease_token=self._token,
+                    ok=False,
+                    payload=self._sealer.seal(row, result_context(batch.id, item.idx)),
+                    custom_id=item.custom_id,
+                )
+            )
+        except Exception:
+            return False
+        return True
 
     async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
         """Give a lease back; when the database refuses, the heartbeat tries again."""
@@ -521,9 +563,17 @@ class Worker:
 
     async def lifecycle_once(self) -> None:
         now = self._clock.now()
-        active = [BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
+        active = [
+            BatchStatus.VALIDATING,
+            BatchStatus.IN_PROGRESS,
+            BatchStatus.CANCELLING,
+            BatchStatus.FINALIZING,
+        ]
         for batch in await self._store.batches_in(active):
             status = BatchStatus(batch.status)
+            if status == BatchStatus.VALIDATING:
+                self._take_over(batch, now)
+                continue
             local = self._tasks.get(batch.id)
             if status == BatchStatus.CANCELLING or (
                 status == BatchStatus.IN_PROGRESS and now >= batch.expires_at
@@ -549,6 +599,52 @@ class Worker:
             else:
                 await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
 
+    def _take_over(self, batch: BatchRecord, now: float) -> None:
+        """Start a batch left ``validating``, or expire it once its window is over, in the
+        background: enqueueing a large file must not hold up the other batches' lifecycle."""
+        expired = now >= batch.expires_at
+        if batch.id in self._taking_over:
+            return
+        if not expired and now - batch.created_at < self._config.validating_grace_s:
+            return  # the process that created it is most likely enqueueing it right now
+        not_before, _ = self._take_over_after.get(batch.id, (float("-inf"), 0.0))
+        if time.monotonic() < not_before:
+            return
+        task = asyncio.create_task(self._start_or_expire(batch, expired))
+        self._taking_over[batch.id] = task
+        task.add_done_callback(lambda _: self._taking_over.pop(batch.id, None))
+
+    async def _start_or_expire(self, batch: BatchRecord, expired: bool) -> None:
+        try:
+            if expired:
+                # SPEC §4.6: every request of an expired batch gets its batch_expired row, so
+                # the lines are queued first (as the creation would have) and then closed.
+                if await self._starter.queue(batch):
+                    await self._store.close_unfinished(batch.id, "batch_expired")
+                    await self._finalizer.finalize(
+                        batch, BatchStatus.VALIDATING, BatchStatus.EXPIRED
+                    )
+            elif await self._starter.start(batch):
+                log.info("started %s, which its creation had left validating", batch.id)
+                self.note_created(batch.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _, last = self._take_over_after.get(batch.id, (0.0, 0.0))
+            delay = min(
+                max(2 * last, self._config.retry_base_s), self._config.validating_retry_max_s
+            )
+            self._take_over_after[batch.id] = (time.monotonic() + delay, delay)
+            if not last:
+                log.warning(
+                    "could not %s %s yet; trying again with backoff",
+                    "expire" if expired else "start",
+                    batch.id,
+                    exc_info=exc,
+                )
+            return
+        self._take_over_after.pop(batch.id, None)
+
     async def _abandon(self, batch_id: str) -> None:
         self._failures.forget(batch_id)
         tasks = list(self._tasks.pop(batch_id, ()))
@@ -565,10 +661,21 @@ def _usage(body: Any) -> tuple[int, int, int]:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return (
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(cached or 0),
+        _tokens(usage.get("prompt_tokens")),
+        _tokens(usage.get("completion_tokens")),
+        _tokens(cached),
     )
+
+
+def _tokens(value: Any) -> int:
+    """One usage count as Backfill stores and bills it, from 0 to MAX_TOKENS: the engine is
+    not trusted, and a count past the columns' range would fail the whole group commit while
+    a negative one would credit the org."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return min(max(int(value), 0), MAX_TOKENS)
 
 
 def _json_or_text(raw: bytes) -> Any:

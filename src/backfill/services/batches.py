@@ -138,6 +138,46 @@ def _unreadable(file_id: str, exc: BackfillError) -> ContentUnreadable:
     )
 
 
+class BatchStarter:
+    """Turns a committed ``validating`` batch into queue items, then ``in_progress``. The API
+    uses it at creation; the worker's lifecycle uses it for a batch nobody is starting (its
+    creation met a fault and the process retrying it may be gone) and to expire one whose
+    window ended before it started."""
+
+    def __init__(self, store: Store, files: FileService, clock: Clock) -> None:
+        self._store = store
+        self._files = files
+        self._clock = clock
+
+    async def queue(self, batch: BatchRecord) -> bool:
+        """One queue item per input line, safe to run again; False once the batch is no longer
+        ``validating`` or its input cannot be read at all (it is failed then). A passing
+        storage or database fault is raised."""
+        try:
+            async for lines in self._files.lines(batch.input_file_id):
+                if not await self._store.add_items(batch.id, lines):
+                    return False
+        except (ContentUnreadable, NotFound) as exc:
+            await self.fail(batch, _unreadable(batch.input_file_id, exc))
+            return False
+        return True
+
+    async def start(self, batch: BatchRecord) -> bool:
+        """Queue the batch and move it to ``in_progress``; True when this call started it."""
+        if not await self.queue(batch):
+            return False
+        return await self._store.transition(
+            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
+        )
+
+    async def fail(self, batch: BatchRecord, exc: BackfillError) -> None:
+        log.warning("batch %s failed before it started: %s", batch.id, exc.message)
+        error = {"code": exc.code, "message": exc.message, "param": exc.param, "line": None}
+        await self._store.fail_batch(
+            batch.id, BatchStatus.VALIDATING, int(self._clock.now()), [error]
+        )
+
+
 class BatchService:
     def __init__(
         self,
@@ -165,6 +205,7 @@ class BatchService:
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
+        self._starter = BatchStarter(store, files, clock)
 
     async def create(
         self, org_id: str, request: dict[str, Any], idempotency_key: str | None
@@ -215,10 +256,6 @@ class BatchService:
             if existing is None:
                 raise
             return self._replay(existing, request_hash), False
-        # Accepted input lives until its batch ends, and at most a day past the window.
-        await self._store.set_file_expiry(
-            batch.input_file_id, batch.expires_at + ACCEPTED_INPUT_GRACE_S
-        )
         await self._start(batch)
         return await self.get(org_id, batch.id), True
 
@@ -234,27 +271,22 @@ class BatchService:
 
     async def _start(self, batch: BatchRecord) -> None:
         """Enqueue a committed batch. A permanent cause fails it (its credit goes back); a
-        passing one leaves it ``validating`` and tries again in the background."""
+        passing one leaves it ``validating`` and tries again in the background (and a worker's
+        lifecycle takes it over should this process go away)."""
         try:
-            await self._enqueue(batch)
-        except (ContentUnreadable, NotFound) as exc:
-            await self._fail(batch, _unreadable(batch.input_file_id, exc))
-            return
+            started = await self._starter.start(batch)
         except Exception as exc:
             log.warning(
                 "could not enqueue %s yet; retrying in the background", batch.id, exc_info=exc
             )
             self._retry_later(batch)
             return
-        for listener in self.created_listeners:
-            listener(batch.id)
+        if started:
+            self._started(batch.id)
 
-    async def _fail(self, batch: BatchRecord, exc: BackfillError) -> None:
-        log.warning("batch %s failed before it started: %s", batch.id, exc.message)
-        error = {"code": exc.code, "message": exc.message, "param": exc.param, "line": None}
-        await self._store.fail_batch(
-            batch.id, BatchStatus.VALIDATING, int(self._clock.now()), [error]
-        )
+    def _started(self, batch_id: str) -> None:
+        for listener in self.created_listeners:
+            listener(batch_id)
 
     def _retry_later(self, batch: BatchRecord) -> None:
         if batch.id in self._retries:
@@ -264,32 +296,23 @@ class BatchService:
         task.add_done_callback(lambda _: self._retries.pop(batch.id, None))
 
     async def _retry(self, batch: BatchRecord) -> None:
+        """Until the batch starts, ends otherwise, or its window is over (the worker's
+        lifecycle expires it then). Every step may meet the fault that brought it here, the
+        status read included, so each round is guarded as a whole."""
         delay = self.enqueue_retry_base_s
-        while True:
+        while self._clock.now() < batch.expires_at:
             await asyncio.sleep(delay)
             delay = min(delay * 2, ENQUEUE_RETRY_MAX_S)
-            current = await self._store.get_batch(None, batch.id)
-            if current is None or current.status != BatchStatus.VALIDATING:
-                return  # cancelled meanwhile, or resumed elsewhere
             try:
-                await self._enqueue(batch)
-            except (ContentUnreadable, NotFound) as exc:
-                await self._fail(batch, _unreadable(batch.input_file_id, exc))
+                current = await self._store.get_batch(None, batch.id)
+                if current is None or current.status != BatchStatus.VALIDATING:
+                    return  # cancelled or failed meanwhile, or started elsewhere
+                if await self._starter.start(batch):
+                    self._started(batch.id)
                 return
             except Exception:
+                # The first failure was logged with its traceback by _start.
                 log.debug("enqueue of %s failed again", batch.id, exc_info=True)
-                continue
-            for listener in self.created_listeners:
-                listener(batch.id)
-            return
-
-    async def _enqueue(self, batch: BatchRecord) -> None:
-        """One queue item per input line, then ``in_progress``; safe to run again."""
-        async for lines in self._files.lines(batch.input_file_id):
-            await self._store.add_items(batch.id, lines)
-        await self._store.transition(
-            batch.id, [BatchStatus.VALIDATING], BatchStatus.IN_PROGRESS, int(self._clock.now())
-        )
 
     async def resume_interrupted(self) -> None:
         """Finish creations a crash interrupted between the batch row and its items."""
@@ -368,6 +391,8 @@ class BatchService:
             max_unfinished=self._limits.max_unfinished_batches,
             max_retained_input_bytes=self._limits.max_retained_input_bytes,
             throughput_tokens_per_s=model.throughput_tokens_per_s,
+            # Accepted input lives until its batch ends, and at most a day past the window.
+            input_expires_at=int(now + window) + ACCEPTED_INPUT_GRACE_S,
         )
         return BatchRecord(
             id=ids.batch_id(),

@@ -9,7 +9,7 @@ from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineSplitter
-from backfill.errors import Conflict, InvalidInput, NotFound, RateLimited
+from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, LineRef, Page, Store
 
 INPUT_PURPOSE = "batch"
@@ -17,16 +17,6 @@ OUTPUT_PURPOSE = "batch_output"
 MIN_EXPIRY_S = 3600
 MAX_EXPIRY_S = 30 * 24 * 3600
 _INDEX_ENTRY = struct.Struct("<QIH")
-
-
-def retained_input_limit(retained: int, adding: int, limit: int) -> RateLimited:
-    """The 429 for an org whose input files would keep more than ``limit`` bytes."""
-    adds = f" and this file adds {adding}" if adding else ""
-    return RateLimited(
-        f"This organization keeps {retained} bytes of input files{adds}; the limit is {limit} "
-        "bytes. Delete input files you no longer need (DELETE /v1/files/{id}) and retry.",
-        code="retained_input_limit",
-    )
 
 
 def content_key(file_id: str) -> str:

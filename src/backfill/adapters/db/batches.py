@@ -22,7 +22,13 @@ from backfill.adapters.db.rows import (
 )
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
-from backfill.errors import Conflict, InvalidInput, PaymentRequired, RateLimited
+from backfill.errors import (
+    Conflict,
+    InvalidInput,
+    PaymentRequired,
+    RateLimited,
+    retained_input_limit,
+)
 from backfill.ports import (
     Admission,
     BatchRecord,
@@ -30,9 +36,9 @@ from backfill.ports import (
     LineRef,
     Page,
 )
-from backfill.services.files import retained_input_limit
 
 _INSERT_CHUNK = 5000
+_ITEMS_WELCOME = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 _MAX_ID_CHARS = 64  # the id columns' width
 
 
@@ -214,6 +220,13 @@ class BatchQueries(SqlBase):
                     "request to get it.",
                     code="idempotency_key_conflict",
                 ) from None
+            if admission.input_expires_at is not None:
+                f = t.files
+                await conn.execute(
+                    update(f)
+                    .where(f.c.id == batch.input_file_id)
+                    .values(expires_at=admission.input_expires_at)
+                )
 
     async def _refuse_credit(
         self, conn: AsyncConnection, org_id: str, admission: Admission
@@ -286,7 +299,7 @@ class BatchQueries(SqlBase):
                 retry_after_s=int(wait),
             )
 
-    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> None:
+    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> bool:
         for start in range(0, len(lines), _INSERT_CHUNK):
             chunk = lines[start : start + _INSERT_CHUNK]
             # Ignoring rows already there lets an interrupted creation be resumed.
@@ -296,6 +309,16 @@ class BatchQueries(SqlBase):
                 else pg_insert(t.items).on_conflict_do_nothing()
             )
             async with self.writing() as conn:
+                # Items are added only while the batch may still run, checked under the batch
+                # row's lock (PostgreSQL; SQLite has one writer): a cancel, expiry or failure
+                # either waits for this chunk, which it then closes or removes, or comes first
+                # and no item is added past it. A batch is in progress only once all its items
+                # are in, so a late resume adds nothing there.
+                status = select(t.batches.c.status).where(t.batches.c.id == batch_id)
+                if not self.is_sqlite:
+                    status = status.with_for_update()
+                if (await conn.execute(status)).scalar() not in _ITEMS_WELCOME:
+                    return False
                 await conn.execute(
                     stmt,
                     [
@@ -310,6 +333,7 @@ class BatchQueries(SqlBase):
                         for line in chunk
                     ],
                 )
+        return True
 
     async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None:
         query = select(t.batches).where(t.batches.c.id == batch_id)
