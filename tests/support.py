@@ -513,6 +513,7 @@ async def backfill_on_raw_store(
     sim_url: str,
     monkeypatch: pytest.MonkeyPatch,
     make: Callable[[Path], StoreT],
+    **overrides: Any,
 ) -> AsyncIterator[tuple[InProcess, StoreT]]:
     """An in-process Backfill whose local blob store is ``make(root)``: a real store with a
     fault the test injects where a real disk or bucket would raise it."""
@@ -523,5 +524,5 @@ async def backfill_on_raw_store(
         return made[-1]
 
     monkeypatch.setattr(backfill.container, "_raw_store", raw_store)
-    async with in_process_backfill(tmp_path, sim_url) as running:
+    async with in_process_backfill(tmp_path, sim_url, **overrides) as running:
         yield running, made[0]

@@ -268,6 +268,7 @@ def build(
                 retry_max_s=settings.retry_max_s,
                 poll_interval_s=settings.poll_interval_s,
                 result_flush_s=settings.result_flush_s,
+                validating_grace_s=settings.validating_grace_s,
                 sole_worker=role == "all" and store.is_sqlite,
                 gpu_time_flush_s=settings.gpu_time_flush_s,
                 janitor_interval_s=settings.janitor_interval_s,

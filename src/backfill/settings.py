@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     retry_max_s: float = 30.0
     poll_interval_s: float = 0.05
     result_flush_s: float = 0.02
+    # A batch still validating this long after creation is started by a worker (its creating
+    # process died or gave up); see runner/validating.py.
+    validating_grace_s: float = 30.0
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     max_unfinished_batches: int = 4

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +57,9 @@ class FaultyReads(LocalRawStore):
 
 
 def faulty_backfill(
-    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch, **overrides: Any
 ) -> AbstractAsyncContextManager[tuple[InProcess, FaultyReads]]:
-    return backfill_on_raw_store(tmp_path, sim[0], monkeypatch, FaultyReads)
+    return backfill_on_raw_store(tmp_path, sim[0], monkeypatch, FaultyReads, **overrides)
 
 
 async def uploaded(bf: InProcess) -> str:
@@ -173,25 +172,18 @@ async def test_resume_fails_a_batch_it_cannot_enqueue_and_resumes_the_rest(
 # ---- a batch left validating always ends somewhere -------------------------------------------
 
 
-def take_over_at_once(bf: InProcess) -> None:
-    """The worker's lifecycle starts a validating batch without waiting for its grace."""
-    worker = bf.backfill.worker
-    assert worker is not None
-    worker._config = replace(worker._config, validating_grace_s=0.0)
-
-
 async def test_lifecycle_starts_a_batch_whose_creating_process_stopped_retrying(
     tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As in an API-only deployment, or after the process that created it crashed: nobody in
     the creating process retries; a worker's lifecycle starts the batch."""
-    async with faulty_backfill(tmp_path, sim, monkeypatch) as (bf, raw):
+    # No grace: the worker takes a validating batch over at once.
+    async with faulty_backfill(tmp_path, sim, monkeypatch, validating_grace_s=0.0) as (bf, raw):
         bf.backfill.services.batches.enqueue_retry_base_s = 3600.0
         file_id = await uploaded(bf)
         raw.eio[f"files/{file_id}.index"] = 1
         created = (await bf.create(file_id)).json()
         assert created["status"] == "validating", created
-        take_over_at_once(bf)
 
         batch = await bf.wait(created["id"], timeout_s=30)
         assert batch["status"] == "completed", batch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import time
 from collections import defaultdict, deque
@@ -19,7 +18,6 @@ from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
-from backfill.domain.money import MAX_TOKENS
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
 from backfill.metrics import Metrics
 from backfill.ports import (
@@ -38,8 +36,10 @@ from backfill.runner.engines import EnginePool, EngineSlot
 from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.finalize import Finalizer, result_context
 from backfill.runner.gpu_meter import GpuMeter
+from backfill.runner.replies import json_or_text, usage_of
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
+from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
 from backfill.services.files import FileService, content_key
 from backfill.services.retention import Janitor
@@ -130,11 +130,15 @@ class Worker:
         self._paused_orgs: set[str] = set()
         self._deployments: dict[str, CatalogModel | None] = {}
         self._org_turn = 0
-        self._starter = BatchStarter(store, files, clock)
-        # Validating batches this worker is starting or expiring, and when to try again (by
-        # the machine's monotonic time) with the delay used last, for those that failed.
-        self._taking_over: dict[str, asyncio.Task[None]] = {}
-        self._take_over_after: dict[str, tuple[float, float]] = {}
+        self._validating = ValidatingTakeover(
+            store,
+            BatchStarter(store, files, clock),
+            self._finalizer,
+            grace_s=config.validating_grace_s,
+            retry_base_s=config.retry_base_s,
+            retry_max_s=config.validating_retry_max_s,
+            on_started=self.note_created,
+        )
 
     async def start(self) -> None:
         if self._config.sole_worker:
@@ -153,7 +157,7 @@ class Worker:
         # leave SQLite locked for the next process on the same data directory.
         self._stopping.set()
         self._freed.set()
-        busy = [*self._loops, *self._taking_over.values()]
+        busy = [*self._loops, *self._validating.tasks]
         _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
         for task in late:
             task.cancel()
@@ -476,7 +480,7 @@ class Worker:
                 if reply.status == 200:
                     return self._success(batch, item, reply.body)
                 final = _Outcome(
-                    False, http_error_row(item.custom_id, reply.status, _json_or_text(reply.body))
+                    False, http_error_row(item.custom_id, reply.status, json_or_text(reply.body))
                 )
                 if not is_transient(reply.status):
                     return final
@@ -508,7 +512,7 @@ class Worker:
                     },
                 ),
             )
-        usage = _usage(body)
+        usage = usage_of(body)
         if isinstance(body, dict):
             body["model"] = batch.model
         request_id = ids.request_id()
@@ -572,7 +576,7 @@ class Worker:
         for batch in await self._store.batches_in(active):
             status = BatchStatus(batch.status)
             if status == BatchStatus.VALIDATING:
-                self._take_over(batch, now)
+                self._validating.see(batch, now)
                 continue
             local = self._tasks.get(batch.id)
             if status == BatchStatus.CANCELLING or (
@@ -599,87 +603,9 @@ class Worker:
             else:
                 await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
 
-    def _take_over(self, batch: BatchRecord, now: float) -> None:
-        """Start a batch left ``validating``, or expire it once its window is over, in the
-        background: enqueueing a large file must not hold up the other batches' lifecycle."""
-        expired = now >= batch.expires_at
-        if batch.id in self._taking_over:
-            return
-        if not expired and now - batch.created_at < self._config.validating_grace_s:
-            return  # the process that created it is most likely enqueueing it right now
-        not_before, _ = self._take_over_after.get(batch.id, (float("-inf"), 0.0))
-        if time.monotonic() < not_before:
-            return
-        task = asyncio.create_task(self._start_or_expire(batch, expired))
-        self._taking_over[batch.id] = task
-        task.add_done_callback(lambda _: self._taking_over.pop(batch.id, None))
-
-    async def _start_or_expire(self, batch: BatchRecord, expired: bool) -> None:
-        try:
-            if expired:
-                # SPEC §4.6: every request of an expired batch gets its batch_expired row, so
-                # the lines are queued first (as the creation would have) and then closed.
-                if await self._starter.queue(batch):
-                    await self._store.close_unfinished(batch.id, "batch_expired")
-                    await self._finalizer.finalize(
-                        batch, BatchStatus.VALIDATING, BatchStatus.EXPIRED
-                    )
-            elif await self._starter.start(batch):
-                log.info("started %s, which its creation had left validating", batch.id)
-                self.note_created(batch.id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _, last = self._take_over_after.get(batch.id, (0.0, 0.0))
-            delay = min(
-                max(2 * last, self._config.retry_base_s), self._config.validating_retry_max_s
-            )
-            self._take_over_after[batch.id] = (time.monotonic() + delay, delay)
-            if not last:
-                log.warning(
-                    "could not %s %s yet; trying again with backoff",
-                    "expire" if expired else "start",
-                    batch.id,
-                    exc_info=exc,
-                )
-            return
-        self._take_over_after.pop(batch.id, None)
-
     async def _abandon(self, batch_id: str) -> None:
         self._failures.forget(batch_id)
         tasks = list(self._tasks.pop(batch_id, ()))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _usage(body: Any) -> tuple[int, int, int]:
-    """(prompt, completion, cached prompt) tokens the engine reported; zeros when absent."""
-    usage = body.get("usage") if isinstance(body, dict) else None
-    if not isinstance(usage, dict):
-        return 0, 0, 0
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return (
-        _tokens(usage.get("prompt_tokens")),
-        _tokens(usage.get("completion_tokens")),
-        _tokens(cached),
-    )
-
-
-def _tokens(value: Any) -> int:
-    """One usage count as Backfill stores and bills it, from 0 to MAX_TOKENS: the engine is
-    not trusted, and a count past the columns' range would fail the whole group commit while
-    a negative one would credit the org."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0
-    if isinstance(value, float) and not math.isfinite(value):
-        return 0
-    return min(max(int(value), 0), MAX_TOKENS)
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {"error": {"message": raw[:2000].decode(errors="replace"), "type": "engine_error"}}
