@@ -26,10 +26,8 @@ AUTHENTICATED_PREFIXES = ("/v1/", ADMIN_PREFIX + "/", "/metrics")
 CLOSE = {"Connection": "close"}
 
 
-def _is_streamed_upload(scope: Scope) -> bool:
+def is_streamed_upload(method: str, path: str) -> bool:
     """``POST /v1/files`` streams its body into storage under its own file-size limit."""
-    method: str = scope["method"]
-    path: str = scope["path"]
     return method == "POST" and path.rstrip("/") == "/v1/files"
 
 
@@ -92,7 +90,7 @@ class EdgeGuard:
                 await backfill_error_response(refusal, close)(scope, receive, send)
                 return
 
-        limit = None if _is_streamed_upload(scope) else self.max_json_body_bytes
+        limit = None if is_streamed_upload(scope["method"], path) else self.max_json_body_bytes
         if limit is not None and length is not None and length > limit:
             await backfill_error_response(self._too_large(limit), CLOSE)(scope, receive, send)
             return
