@@ -386,6 +386,23 @@ def test_websocket_upgrade_is_answered_as_plain_http(edge_server: ServerProcess)
 # ---- bodies the route does not read, and slow bodies -----------------------------------------
 
 
+def test_answer_before_the_body_closes_the_connection(edge_server: ServerProcess) -> None:
+    # The upload authenticates before it reads the body; the rest of a body dripped a byte
+    # inside every idle timeout must not keep the connection.
+    head = (
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bf-wrong\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+    )
+    with connect(edge_server) as sock:
+        sock.sendall(head + b"-")
+        answer = answer_of(sock)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+        assert b"\r\nconnection: close\r\n" in answer.lower()
+        dripped, rest = drip_until_closed(sock, b"-", 200)
+    assert rest == b""
+    assert dripped < 100
+
+
 def test_slow_json_body_gets_408_within_the_body_timeout(edge_server: ServerProcess) -> None:
     # Every byte comes inside body_idle_timeout_s; the whole body may still take no longer.
     head = (

@@ -232,6 +232,40 @@ async def test_upload_is_not_held_to_the_json_limit(guarded: InProcess) -> None:
     assert uploaded.json()["bytes"] == len(content)
 
 
+# ---- an answer before the body is read ends the connection ---------------------------------
+
+
+async def test_answer_before_the_body_is_read_closes_the_connection(guarded: InProcess) -> None:
+    # The upload authenticates before it reads its body; the rest of that body is not read.
+    answer = await call(
+        guarded.backfill.app(),
+        "POST",
+        "/v1/files",
+        headers=[
+            (b"content-type", b"multipart/form-data; boundary=b"),
+            (b"content-length", b"100000"),
+            (b"authorization", b"Bearer bf-wrong"),
+        ],
+        chunks=[b"-" * 1000] * 100,
+    )
+    assert answer.status == 401
+    assert answer.reads == 0
+    assert answer.headers["connection"] == "close"
+
+
+async def test_answer_after_the_whole_body_keeps_the_connection(guarded: InProcess) -> None:
+    for method, path, body in (("POST", "/v1/batches", b"{}"), ("GET", "/v1/files", b"")):
+        answer = await call(
+            guarded.backfill.app(),
+            method,
+            path,
+            headers=json_headers(len(body), guarded.key),
+            chunks=[body],
+        )
+        assert answer.status in (200, 400), answer.body
+        assert "connection" not in answer.headers
+
+
 # ---- L4: failed authentications are braked per address ------------------------------------
 
 

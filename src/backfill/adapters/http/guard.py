@@ -24,6 +24,7 @@ ADMIN_PREFIX = "/admin/v1"
 # Routes that take credentials; the brake answers 429 on these while an address is braked.
 AUTHENTICATED_PREFIXES = ("/v1/", ADMIN_PREFIX + "/", "/metrics")
 CLOSE = {"Connection": "close"}
+CLOSE_RAW = [(b"connection", b"close")]
 
 
 def is_streamed_upload(method: str, path: str) -> bool:
@@ -98,11 +99,16 @@ class EdgeGuard:
         started = False
         answered = False
         received = 0
+        body_read = not has_body
 
         async def limited_receive() -> Message:
-            nonlocal received, answered
+            nonlocal received, answered, body_read
             message = await receive()
-            if limit is None or message["type"] != "http.request":
+            if message["type"] != "http.request":
+                return message
+            if not message.get("more_body", False):
+                body_read = True
+            if limit is None:
                 return message
             received += len(message.get("body", b""))
             if received <= limit:
@@ -120,6 +126,11 @@ class EdgeGuard:
             if message["type"] == "http.response.start":
                 started = True
                 self._count(client, message["status"])
+                if not body_read:
+                    # The route answered without reading the whole body: the rest would have to
+                    # be read (and thrown away) to find the next request, at whatever pace the
+                    # client likes, so the connection ends with this answer.
+                    message = {**message, "headers": [*message.get("headers", []), *CLOSE_RAW]}
             await send(message)
 
         try:
