@@ -232,6 +232,25 @@ async def test_upload_is_not_held_to_the_json_limit(guarded: InProcess) -> None:
     assert uploaded.json()["bytes"] == len(content)
 
 
+# ---- org API keys are read with the same Bearer parsing as the admin token -----------------
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [("bearer   {key}  ", 200), ("Basic {key}", 401), ("Bearer \xff{key}", 401)],
+)
+async def test_org_key_bearer_parsing(guarded: InProcess, authorization: str, status: int) -> None:
+    value = authorization.format(key=guarded.key).encode("latin-1")
+    answer = await call(
+        guarded.backfill.app(),
+        "GET",
+        "/v1/files",
+        headers=[(b"authorization", value)],
+        chunks=[],
+    )
+    assert answer.status == status, answer.body
+
+
 # ---- an answer before the body is read ends the connection ---------------------------------
 
 
