@@ -86,6 +86,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_since: float | None = None
         self._body_deadline: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._watched_at = self.loop.time()
         # A head refused inside the parser, answered once the parser returns.
         self._refused: bytes | None = None
         # Nothing more is read: the connection ends with the response being written.
@@ -220,10 +221,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.close()
                 return
             self._body_since = now
-        if self._body_deadline is not None and now > self._body_deadline and client_late:
-            self._body_too_slow()
-            if self.transport.is_closing():
-                return
+        if self._body_deadline is not None:
+            if not client_late:
+                # Time spent waiting on the app (a pipelined request waits for the one before)
+                # is not the client's: the deadline moves by it.
+                self._body_deadline += now - self._watched_at
+            elif now > self._body_deadline:
+                self._body_too_slow()
+                if self.transport.is_closing():
+                    return
+        self._watched_at = now
         self._arm_watchdog()
 
     def _answering(self) -> bool:
