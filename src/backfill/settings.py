@@ -126,12 +126,14 @@ class Settings(BaseSettings):
     # When set, /metrics answers only to 'Authorization: Bearer <metrics_token>'.
     metrics_token: str | None = None
     # The HTTP edge: how much one client may make the API process hold, and for how long.
-    max_json_body_bytes: int = 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    header_timeout_s: float = 10.0
-    body_idle_timeout_s: float = 30.0
-    max_connections: int = 512
-    # Failed authentications (401) allowed per client address in the window; then 429. 0: off.
+    # A zero timeout would make the connection watchdog spin; a zero size refuses everything.
+    max_json_body_bytes: int = Field(1024 * 1024, ge=1)
+    max_header_bytes: int = Field(64 * 1024, ge=1)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_idle_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(512, ge=1)
+    # Failed admin_token and metrics_token authentications (401) allowed per client address
+    # (IPv6: per /64) in the window; then 429 on those routes. 0: off.
     auth_failure_limit: int = 20
     auth_failure_window_s: float = 60.0
     gpu_time_flush_s: float = 1.0

@@ -104,6 +104,13 @@ def peak_rss_kib(server: ServerProcess) -> int:
     raise AssertionError("no VmHWM")
 
 
+def reset_peak_rss_kib(server: ServerProcess) -> int:
+    """Lower the server's peak RSS to its current RSS and return it: the server is shared by the
+    module, so a peak an earlier test left would otherwise hide this test's growth."""
+    Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")
+    return peak_rss_kib(server)
+
+
 def chunked(size: int) -> bytes:
     return b"%x\r\n" % size + b" " * size + b"\r\n"
 
@@ -114,7 +121,7 @@ def chunked(size: int) -> bytes:
 def test_unauthenticated_admin_body_is_refused_before_it_is_read(
     edge_server: ServerProcess,
 ) -> None:
-    before = peak_rss_kib(edge_server)
+    before = reset_peak_rss_kib(edge_server)
     declared = 300 * MiB
     for framing in (f"Content-Length: {declared}", "Transfer-Encoding: chunked"):
         head = (
@@ -148,7 +155,7 @@ def test_streamed_json_body_is_cut_at_the_limit(edge_server: ServerProcess) -> N
 
 
 def test_endless_header_is_refused_without_buffering_it(edge_server: ServerProcess) -> None:
-    before = peak_rss_kib(edge_server)
+    before = reset_peak_rss_kib(edge_server)
     total = 50 * MiB
     with connect(edge_server) as sock:
         head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "
@@ -247,3 +254,184 @@ def test_connections_past_the_cap_are_refused(edge_server: ServerProcess) -> Non
             pass
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+# ---- a whole request in one read is not a big head --------------------------------------------
+
+
+def upload_request(server: ServerProcess, content: bytes, boundary: str = "onewrite") -> bytes:
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
+        + content
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    head = (
+        f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.key}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def jsonl_of(size: int) -> bytes:
+    """Batch input of about ``size`` bytes."""
+    line = len(jsonl([chat_line("l-0", "y" * 200)]))
+    return jsonl([chat_line(f"l-{i}", "y" * 200) for i in range(size // line)])
+
+
+@pytest.mark.parametrize("size", [100 * 1024, 1000 * 1024])
+def test_upload_sent_in_one_write_is_served(edge_server: ServerProcess, size: int) -> None:
+    content = jsonl_of(size)
+    for _ in range(5):
+        with connect(edge_server) as sock:
+            sock.sendall(upload_request(edge_server, content))
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+def test_uploads_through_httpx_are_served(edge_server: ServerProcess) -> None:
+    with edge_server.client() as client:
+        for kib in range(64, 257, 8):
+            uploaded = client.post(
+                "/v1/files",
+                data={"purpose": "batch"},
+                files={"file": ("input.jsonl", jsonl_of(kib * 1024), "application/jsonl")},
+            )
+            assert uploaded.status_code == 200, (kib, uploaded.text[:300])
+
+
+# ---- connections that send bytes but no request ----------------------------------------------
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    """One whole answer with a Content-Length body, leaving the connection open."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    head, body = answer.split(b"\r\n\r\n", 1)
+    length = int(
+        next(
+            v
+            for n, v in (h.split(b": ", 1) for h in head.split(b"\r\n")[1:])
+            if n.lower() == b"content-length"
+        )
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, answer
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def drip_until_closed(sock: socket.socket, byte: bytes, most: int) -> tuple[int, bytes]:
+    """Send ``byte`` every 0.25 s, at most ``most`` times, until the server answers; then read
+    to the end. Returns the bytes dripped and the answer."""
+    sent = 0
+    try:
+        while sent < most:
+            readable, _, _ = select.select([sock], [], [], 0.25)
+            if readable:
+                break
+            sock.sendall(byte)
+            sent += 1
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return sent, read_until_closed(sock)
+
+
+def test_bytes_that_begin_no_request_do_not_hold_a_connection(edge_server: ServerProcess) -> None:
+    # The parser skips a bare CRLF between requests without beginning one; such bytes still end
+    # the keep-alive wait, so the head deadline takes over from the first of them.
+    with connect(edge_server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer_of(sock).startswith(b"HTTP/1.1 200")
+        dripped, answer = drip_until_closed(sock, b"\r\n", 200)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"header_timeout_s" in answer
+    assert dripped < 100
+
+
+def test_bytes_after_an_unsupported_upgrade_do_not_hold_a_connection(
+    edge_server: ServerProcess,
+) -> None:
+    with connect(edge_server) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        )
+        assert answer_of(sock).startswith(b"HTTP/1.1 200")
+        dripped, answer = drip_until_closed(sock, b"\r\n", 200)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert dripped < 100
+
+
+def test_websocket_upgrade_is_answered_as_plain_http(edge_server: ServerProcess) -> None:
+    # Backfill has no WebSocket routes: the request reaches the API as an HTTP request.
+    with connect(edge_server) as sock:
+        sock.sendall(
+            b"GET /v1/files HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+        exchange = Exchange(0, answer_of(sock))
+    assert exchange.status == 401, exchange.answer[:300]
+    assert exchange.error()["code"] == "missing_api_key"
+
+
+# ---- bodies the route does not read, and slow bodies -----------------------------------------
+
+
+def test_answer_before_the_body_closes_the_connection(edge_server: ServerProcess) -> None:
+    # The upload authenticates before it reads the body; the rest of a body dripped a byte
+    # inside every idle timeout must not keep the connection.
+    head = (
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bf-wrong\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+    )
+    with connect(edge_server) as sock:
+        sock.sendall(head + b"-")
+        answer = answer_of(sock)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+        assert b"\r\nconnection: close\r\n" in answer.lower()
+        dripped, rest = drip_until_closed(sock, b"-", 200)
+    assert rest == b""
+    assert dripped < 100
+
+
+def test_slow_json_body_gets_408_within_the_body_timeout(edge_server: ServerProcess) -> None:
+    # Every byte comes inside body_idle_timeout_s; the whole body may still take no longer.
+    head = (
+        f"POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {edge_server.key}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    with connect(edge_server) as sock:
+        sock.sendall(head + b"{")
+        dripped, answer = drip_until_closed(sock, b" ", 200)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"body_idle_timeout_s" in answer
+    assert dripped < 100
+    with edge_server.client() as client:
+        assert client.get("/healthz").status_code == 200
+
+
+# ---- a refused pipelined request ------------------------------------------------------------
+
+
+def test_refused_pipelined_head_does_not_break_into_the_answer_before_it(
+    edge_server: ServerProcess,
+) -> None:
+    with connect(edge_server) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+        )
+        answer = read_until_closed(sock)
+    # The first request is answered whole, then the connection ends instead of a 431.
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert answer.endswith(b'{"status":"ok"}'), answer[-300:]
+    assert answer.count(b"HTTP/1.1") == 1

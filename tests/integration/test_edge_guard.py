@@ -232,12 +232,70 @@ async def test_upload_is_not_held_to_the_json_limit(guarded: InProcess) -> None:
     assert uploaded.json()["bytes"] == len(content)
 
 
-# ---- L4: failed authentications are braked per address ------------------------------------
+# ---- org API keys are read with the same Bearer parsing as the admin token -----------------
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [("bearer   {key}  ", 200), ("Basic {key}", 401), ("Bearer \xff{key}", 401)],
+)
+async def test_org_key_bearer_parsing(guarded: InProcess, authorization: str, status: int) -> None:
+    value = authorization.format(key=guarded.key).encode("latin-1")
+    answer = await call(
+        guarded.backfill.app(),
+        "GET",
+        "/v1/files",
+        headers=[(b"authorization", value)],
+        chunks=[],
+    )
+    assert answer.status == status, answer.body
+
+
+# ---- an answer before the body is read ends the connection ---------------------------------
+
+
+async def test_answer_before_the_body_is_read_closes_the_connection(guarded: InProcess) -> None:
+    # The upload authenticates before it reads its body; the rest of that body is not read.
+    answer = await call(
+        guarded.backfill.app(),
+        "POST",
+        "/v1/files",
+        headers=[
+            (b"content-type", b"multipart/form-data; boundary=b"),
+            (b"content-length", b"100000"),
+            (b"authorization", b"Bearer bf-wrong"),
+        ],
+        chunks=[b"-" * 1000] * 100,
+    )
+    assert answer.status == 401
+    assert answer.reads == 0
+    assert answer.headers["connection"] == "close"
+
+
+async def test_answer_after_the_whole_body_keeps_the_connection(guarded: InProcess) -> None:
+    for method, path, body in (("POST", "/v1/batches", b"{}"), ("GET", "/v1/files", b"")):
+        answer = await call(
+            guarded.backfill.app(),
+            method,
+            path,
+            headers=json_headers(len(body), guarded.key),
+            chunks=[body],
+        )
+        assert answer.status in (200, 400), answer.body
+        assert "connection" not in answer.headers
+
+
+# ---- L4: failed admin and metrics authentications are braked per address --------------------
 
 
 async def test_repeated_failures_from_one_address_get_429(tmp_path: Path, sim: Sim) -> None:
+    metrics_token = "m" * 40
     async with in_process_backfill(
-        tmp_path, sim[0], admin_token=ADMIN_TOKEN, auth_failure_limit=3
+        tmp_path,
+        sim[0],
+        admin_token=ADMIN_TOKEN,
+        metrics_token=metrics_token,
+        auth_failure_limit=3,
     ) as bf:
         app = bf.backfill.app()
 
@@ -249,29 +307,59 @@ async def test_repeated_failures_from_one_address_get_429(tmp_path: Path, sim: S
             )
 
         async with (
-            client_at("198.51.100.1", "bf-wrong") as guesser,
-            client_at("198.51.100.2", bf.key) as neighbour,
+            client_at("198.51.100.1", "wrong") as guesser,
+            client_at("198.51.100.2", ADMIN_TOKEN) as neighbour,
         ):
-            for _ in range(2):
+            # Org API keys are 256 random bits: their failures are not counted.
+            for _ in range(10):
                 assert (await guesser.get("/v1/files")).status_code == 401
-            admin = await guesser.get("/admin/v1/models")  # a wrong admin token counts too
-            assert admin.status_code == 401
+            assert (await guesser.get("/admin/v1/models")).status_code == 401
+            assert (await guesser.get("/metrics")).status_code == 401  # a metrics token too
             # Requests that pass are not slowed and do not count.
             for _ in range(5):
-                assert (await neighbour.get("/v1/files")).status_code == 200
+                assert (await neighbour.get("/admin/v1/models")).status_code == 200
+            assert (await guesser.get("/admin/v1/models")).status_code == 401
 
-            braked = await guesser.get("/v1/files")
+            braked = await guesser.get("/admin/v1/models")
             assert braked.status_code == 429
             assert braked.json()["error"]["code"] == "too_many_auth_failures"
             assert 1 <= int(braked.headers["Retry-After"]) <= 60
             assert braked.headers.get("x-request-id")
-            # While braked, even the right credentials wait: otherwise guessing goes on.
+            # While braked, even the right token waits: otherwise guessing goes on.
             right = await guesser.get(
                 "/admin/v1/models", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
             )
             assert right.status_code == 429
+            scrape = await guesser.get(
+                "/metrics", headers={"Authorization": f"Bearer {metrics_token}"}
+            )
+            assert scrape.status_code == 429
+            # Tenants sharing the address (behind a proxy, a NAT) are not locked out.
+            tenant = await guesser.get("/v1/files", headers={"Authorization": f"Bearer {bf.key}"})
+            assert tenant.status_code == 200
             assert (await guesser.get("/healthz")).status_code == 200
-            assert (await neighbour.get("/v1/files")).status_code == 200
+            assert (await neighbour.get("/admin/v1/models")).status_code == 200
+
+
+async def test_ipv6_failures_are_counted_per_64(tmp_path: Path, sim: Sim) -> None:
+    async with in_process_backfill(
+        tmp_path, sim[0], admin_token=ADMIN_TOKEN, auth_failure_limit=3
+    ) as bf:
+        app = bf.backfill.app()
+
+        async def admin_from(address: str) -> int:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, client=(address, 1234)),
+                base_url="http://backfill.test",
+                headers={"Authorization": "Bearer wrong"},
+            ) as client:
+                return (await client.get("/admin/v1/models")).status_code
+
+        # One client rotating through its /64 is one client.
+        for host in ("1", "2", "ffff:ffff:ffff"):
+            assert await admin_from(f"2001:db8:0:7::{host}") == 401
+        assert await admin_from("2001:db8:0:7::4") == 429
+        assert await admin_from("2001:db8:0:8::1") == 401
 
 
 # ---- L6: operational endpoints ------------------------------------------------------------

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from backfill.adapters.http.auth import FailureBrake, admin_refusal, bearer, secret_matches
+from backfill.adapters.http.auth import (
+    FailureBrake,
+    admin_refusal,
+    bearer,
+    brake_key,
+    secret_matches,
+)
 from backfill.errors import NotFound, Unauthorized
 from backfill.settings import MIN_ADMIN_TOKEN_CHARS, Settings
 
@@ -81,6 +87,40 @@ def test_brake_remembers_a_bounded_number_of_addresses() -> None:
     assert brake.refusal("a") is None
     assert brake.refusal("b") is not None
     assert len(brake._failures) == 3
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2::ffff", "2001:db8:1:2::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("unknown", "unknown"),
+    ],
+)
+def test_brake_key(address: str, key: str) -> None:
+    assert brake_key(address) == key
+
+
+def test_brake_counts_an_ipv6_64_as_one_client() -> None:
+    brake = FailureBrake(2, 60.0, clock=FakeClock())
+    brake.record_failure("2001:db8::1")
+    brake.record_failure("2001:db8::2")
+    assert brake.refusal("2001:db8::3") is not None
+    assert brake.refusal("2001:db8:0:1::1") is None
+
+
+def test_brake_forgets_from_the_front_without_scanning() -> None:
+    clock = FakeClock()
+    brake = FailureBrake(2, 60.0, clock=clock, max_clients=3)
+    brake.record_failure("a")
+    brake.record_failure("b")
+    brake.record_failure("c")
+    brake.record_failure("a")  # "a" failed again: "b" is now the least recently failing
+    clock.now += 3600  # all have left the window; only one is forgotten per new address
+    brake.record_failure("d")
+    assert list(brake._failures) == ["c", "a", "d"]
 
 
 def test_short_admin_token_is_a_problem() -> None:

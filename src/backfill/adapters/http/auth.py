@@ -1,9 +1,10 @@
 """Bearer secrets read from raw headers, the admin-token check, and the per-address brake on
-failed authentication."""
+failed authentication with the secrets a person chooses."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
 import time
 from collections import OrderedDict, deque
@@ -43,13 +44,28 @@ def admin_refusal(headers: Headers, token: str | None) -> BackfillError | None:
     return None
 
 
+def brake_key(address: str) -> str:
+    """The unit the brake counts: an IPv4 address, or an IPv6 /64 (one client commonly holds a
+    whole /64 and could otherwise take a fresh address for every few guesses)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return address
+
+
 class FailureBrake:
-    """Counts failed authentications per client address in a sliding window; an address with
-    ``limit`` failures inside ``window_s`` is refused until the oldest of them leaves the window.
+    """Counts failed authentications per client (``brake_key``) in a sliding window; a client
+    with ``limit`` failures inside ``window_s`` is refused until the oldest of them leaves the
+    window.
 
     State is in memory, per process: each API process brakes on its own. Successes are neither
-    counted nor slowed. At most ``max_clients`` addresses are remembered, so a flood of
-    addresses costs bounded memory (the least recently failing ones are forgotten first).
+    counted nor slowed. At most ``max_clients`` clients are remembered, so a flood of addresses
+    costs bounded memory (the least recently failing ones are forgotten first).
     """
 
     def __init__(
@@ -64,11 +80,12 @@ class FailureBrake:
         self.window_s = window_s
         self._clock = clock
         self._max_clients = max_clients
+        # Least recently failing first: the front is what leaves the window (and memory) first.
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def refusal(self, client: str) -> RateLimited | None:
-        """A 429 for ``client`` while it is braked, else None."""
-        failures = self._failures.get(client)
+    def refusal(self, address: str) -> RateLimited | None:
+        """A 429 for the client at ``address`` while it is braked, else None."""
+        failures = self._failures.get(brake_key(address))
         if failures is None or len(failures) < self.limit:
             return None
         wait = failures[0] + self.window_s - self._clock()
@@ -76,25 +93,19 @@ class FailureBrake:
             return None
         return RateLimited(
             f"Too many failed authentications from this address ({self.limit} within "
-            f"{self.window_s:g} s); check the key or token, and retry after the wait.",
+            f"{self.window_s:g} s); check the token, and retry after the wait.",
             code="too_many_auth_failures",
             retry_after_s=math.ceil(wait),
         )
 
-    def record_failure(self, client: str) -> None:
-        failures = self._failures.get(client)
+    def record_failure(self, address: str) -> None:
+        key = brake_key(address)
+        failures = self._failures.get(key)
         if failures is None:
-            self._make_room()
-            failures = self._failures[client] = deque(maxlen=self.limit)
+            # Evicting from the front costs the same however many clients are remembered.
+            while len(self._failures) >= self._max_clients:
+                self._failures.popitem(last=False)
+            failures = self._failures[key] = deque(maxlen=self.limit)
         else:
-            self._failures.move_to_end(client)
+            self._failures.move_to_end(key)
         failures.append(self._clock())
-
-    def _make_room(self) -> None:
-        if len(self._failures) < self._max_clients:
-            return
-        horizon = self._clock() - self.window_s
-        for client in [c for c, f in self._failures.items() if f[-1] < horizon]:
-            del self._failures[client]
-        while len(self._failures) >= self._max_clients:
-            self._failures.popitem(last=False)

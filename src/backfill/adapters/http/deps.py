@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from backfill.adapters.http.auth import bearer
 from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
@@ -30,7 +31,8 @@ def services(request: Request) -> Services:
 
 
 async def principal(request: Request) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, secret = header.partition(" ")
-    token = secret.strip() if scheme.lower() == "bearer" else None
-    return await services(request).tenants.authenticate(token or None)
+    secret = bearer(request.scope["headers"])
+    # Latin-1 maps every byte, as Starlette decodes headers: an odd key is a wrong key, not 500.
+    return await services(request).tenants.authenticate(
+        secret.decode("latin-1") if secret is not None else None
+    )

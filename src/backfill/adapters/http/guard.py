@@ -4,7 +4,7 @@ FastAPI reads and decodes a JSON body before it resolves a route's dependencies,
 body limit nor the admin check can live in the routes: a client without credentials could make
 the process hold hundreds of megabytes. This pure ASGI layer refuses from the headers alone
 (admin API closed or token wrong, declared body too large, address braked for failed
-authentications) and cuts a body that grows past the limit while it streams.
+admin or metrics authentications) and cuts a body that grows past the limit while it streams.
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from backfill.errors import BackfillError, PayloadTooLarge
 log = logging.getLogger("backfill.api")
 
 ADMIN_PREFIX = "/admin/v1"
-# Routes that take credentials; the brake answers 429 on these while an address is braked.
-AUTHENTICATED_PREFIXES = ("/v1/", ADMIN_PREFIX + "/", "/metrics")
+# Routes whose secret a person chooses (admin_token, metrics_token): failed authentications
+# there are counted, and a braked address gets 429 there. Org API keys are 256 random bits, so
+# guessing them is hopeless, and braking /v1 would let anyone sharing an address (behind a proxy,
+# a NAT) lock every tenant there out with a few bad requests.
+BRAKED_PREFIXES = (ADMIN_PREFIX, "/metrics")
 CLOSE = {"Connection": "close"}
+CLOSE_RAW = [(b"connection", b"close")]
 
 
-def _is_streamed_upload(scope: Scope) -> bool:
+def is_streamed_upload(method: str, path: str) -> bool:
     """``POST /v1/files`` streams its body into storage under its own file-size limit."""
-    method: str = scope["method"]
-    path: str = scope["path"]
     return method == "POST" and path.rstrip("/") == "/v1/files"
 
 
@@ -80,7 +82,8 @@ class EdgeGuard:
         # would have to read (and throw away) the whole body to find the next request.
         close = CLOSE if has_body else None
 
-        if self.brake is not None and path.startswith(AUTHENTICATED_PREFIXES):
+        braked_route = path.startswith(BRAKED_PREFIXES)
+        if self.brake is not None and braked_route:
             braked = self.brake.refusal(client)
             if braked is not None:
                 await backfill_error_response(braked, close)(scope, receive, send)
@@ -88,11 +91,11 @@ class EdgeGuard:
         if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
             refusal = admin_refusal(scope["headers"], self.admin_token)
             if refusal is not None:
-                self._count(client, refusal.status)
+                self._count(braked_route, client, refusal.status)
                 await backfill_error_response(refusal, close)(scope, receive, send)
                 return
 
-        limit = None if _is_streamed_upload(scope) else self.max_json_body_bytes
+        limit = None if is_streamed_upload(scope["method"], path) else self.max_json_body_bytes
         if limit is not None and length is not None and length > limit:
             await backfill_error_response(self._too_large(limit), CLOSE)(scope, receive, send)
             return
@@ -100,11 +103,16 @@ class EdgeGuard:
         started = False
         answered = False
         received = 0
+        body_read = not has_body
 
         async def limited_receive() -> Message:
-            nonlocal received, answered
+            nonlocal received, answered, body_read
             message = await receive()
-            if limit is None or message["type"] != "http.request":
+            if message["type"] != "http.request":
+                return message
+            if not message.get("more_body", False):
+                body_read = True
+            if limit is None:
                 return message
             received += len(message.get("body", b""))
             if received <= limit:
@@ -121,7 +129,12 @@ class EdgeGuard:
                 return
             if message["type"] == "http.response.start":
                 started = True
-                self._count(client, message["status"])
+                self._count(braked_route, client, message["status"])
+                if not body_read:
+                    # The route answered without reading the whole body: the rest would have to
+                    # be read (and thrown away) to find the next request, at whatever pace the
+                    # client likes, so the connection ends with this answer.
+                    message = {**message, "headers": [*message.get("headers", []), *CLOSE_RAW]}
             await send(message)
 
         try:
@@ -134,8 +147,8 @@ class EdgeGuard:
             if not answered:
                 raise
 
-    def _count(self, client: str, status: int) -> None:
-        if status == 401 and self.brake is not None:
+    def _count(self, braked_route: bool, client: str, status: int) -> None:
+        if braked_route and status == 401 and self.brake is not None:
             self.brake.record_failure(client)
 
     @staticmethod

@@ -2,10 +2,11 @@
 the connection limits uvicorn lacks.
 
 uvicorn bounds neither the size of a request head under httptools (only h11 has
-``h11_max_incomplete_event_size``) nor the time a client may take to send its head or the gaps
-in its body; ``limit_concurrency`` answers 503 only once a head is complete, so connections
-that never finish one are not counted against anything. Without these, one client can make the
-process buffer a 50 MB header or hold thousands of half-open connections and upload files.
+``h11_max_incomplete_event_size``) nor the time a client may take to send its head, the gaps
+in its body or a small body's total time; ``limit_concurrency`` answers 503 only once a head is
+complete, so connections that never finish one are not counted against anything. Without these,
+one client can make the process buffer a 50 MB header or hold thousands of half-open
+connections and upload files.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from backfill.adapters.http.envelope import envelope
+from backfill.adapters.http.guard import is_streamed_upload
 from backfill.settings import Settings
 
 log = logging.getLogger("backfill.api")
@@ -58,8 +60,8 @@ def _refusal(status: int, message: str, code: str, *, retryable: bool = False) -
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """One connection, with a head size cap, a head deadline, a body idle timeout and a cap on
-    open connections. ``limits`` is set on the subclass ``guarded_protocol`` makes.
+    """One connection, with a head size cap, a head deadline, body idle and total-time limits
+    and a cap on open connections. ``limits`` is set on the subclass ``guarded_protocol`` makes.
 
     The deadlines are kept by one watchdog timer per connection that looks at timestamps the
     parser callbacks leave, so a request costs a few attribute writes rather than arming and
@@ -70,14 +72,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Raw bytes received for a head that is not complete yet: bounds what the parser buffers.
+        # Raw bytes of reads that fell wholly between requests or inside an unfinished head:
+        # bounds what the parser buffers for a head it has not finished (it hands a header
+        # over only once the header ends, so the callbacks cannot count a header in progress).
         self._head_bytes = 0
+        # No request in progress or its head unfinished (True); its body being read (False).
         self._reading_head = True
-        # When the head being read began (None: not reading one), and the body's last progress.
+        # Ends of heads and of messages the parser has seen: tells whether a read crossed one.
+        self._boundaries = 0
+        # When the head being waited for became due (None: none is), the body's last progress,
+        # and when a body that is not an upload must be complete.
         self._head_since: float | None = None
         self._body_since: float | None = None
+        self._body_deadline: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._watched_at = self.loop.time()
+        # A head refused inside the parser, answered once the parser returns.
         self._refused: bytes | None = None
+        # Nothing more is read: the connection ends with the response being written.
+        self._ending = False
 
     # ---- connection ------------------------------------------------------------------------
 
@@ -85,7 +98,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
-            self._refuse(
+            self._answer_and_close(
                 _refusal(
                     503,
                     f"The server has {self.limits.max_connections} open connections "
@@ -106,14 +119,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        counting = self._reading_head
+        if self._ending:
+            return
+        between = self._reading_head
+        if between and self._head_since is None:
+            # Bytes while no request is in progress end the keep-alive wait (uvicorn cancels
+            # its timer), also when they begin no request (a bare CRLF, which the parser skips,
+            # or bytes after an upgrade Backfill does not make): a head is now due in time.
+            self._head_since = self.loop.time()
+        boundaries = self._boundaries
         super().data_received(data)
         if self._refused is not None:
-            self._refuse(self._refused)
-        elif counting and self._reading_head:
+            self._refuse_next(self._refused)
+        elif between and self._reading_head and boundaries == self._boundaries:
+            # The whole read lies before a head's end. A read that completes a request and
+            # starts the next head is not counted: that head's share of it is at most one read,
+            # and a finished head is measured whole in on_headers_complete.
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes:
-                self._refuse(self._head_too_large())
+                self._refuse_next(self._head_too_large())
 
     # ---- parser callbacks ------------------------------------------------------------------
 
@@ -123,6 +147,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
+        self._boundaries += 1
         self._head_since = None
         self._reading_head = False
         self._head_bytes = 0
@@ -133,7 +158,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refused = self._head_too_large()
             return
         super().on_headers_complete()
-        self._body_since = self.loop.time()
+        now = self.loop.time()
+        self._body_since = now
+        if not is_streamed_upload(self.scope["method"], self.scope.get("path", "")):
+            # A small body sent a byte just inside every idle timeout could hold the route
+            # (and the connection) for days; every body but the upload's has a total time.
+            self._body_deadline = now + self.limits.body_idle_timeout_s
 
     def on_body(self, body: bytes) -> None:
         if self._refused is not None:
@@ -142,10 +172,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_since = self.loop.time()
 
     def on_message_complete(self) -> None:
+        self._boundaries += 1
         if self._refused is not None:
             return
         super().on_message_complete()
         self._body_since = None
+        self._body_deadline = None
         self._reading_head = True
         self._head_bytes = 0
 
@@ -162,13 +194,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         now = self.loop.time()
         limits = self.limits
-        busy = self.cycle is not None and not self.cycle.response_complete
         if self._head_since is not None and now - self._head_since > limits.header_timeout_s:
-            if busy:
+            if self._answering():
                 # Still answering the previous request; the next head is not late yet.
                 self._head_since = now
             else:
-                self._refuse(
+                self._answer_and_close(
                     _refusal(
                         408,
                         f"The request head did not arrive within {limits.header_timeout_s:g} s "
@@ -177,11 +208,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                     )
                 )
                 return
+        # While reading is paused the app has not taken the bytes already here; the client is
+        # not the one late.
+        client_late = not self.flow.read_paused
         if self._body_since is not None and now - self._body_since > limits.body_idle_timeout_s:
-            if self.flow.read_paused:
-                # The app has not taken the bytes already here; the client is not the one late.
-                self._body_since = now
-            else:
+            if client_late:
                 # The route may be mid-upload: closing makes it see a disconnect and clean up.
                 log.info(
                     "closed a connection whose request body stalled for %g s",
@@ -189,7 +220,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 )
                 self.transport.close()
                 return
+            self._body_since = now
+        if self._body_deadline is not None:
+            if not client_late:
+                # Time spent waiting on the app (a pipelined request waits for the one before)
+                # is not the client's: the deadline moves by it.
+                self._body_deadline += now - self._watched_at
+            elif now > self._body_deadline:
+                self._body_too_slow()
+                if self.transport.is_closing():
+                    return
+        self._watched_at = now
         self._arm_watchdog()
+
+    def _answering(self) -> bool:
+        """Whether a request's answer is still to be written or being written."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _body_too_slow(self) -> None:
+        self._body_deadline = None
+        cycle = self.cycle
+        log.info("cut a request body not complete within %g s", self.limits.body_idle_timeout_s)
+        if cycle.response_started:
+            # The route answered without the rest of the body: the connection ends with that
+            # answer (on_body drops what still comes).
+            cycle.keep_alive = False
+            return
+        # The route sees a disconnect, and whatever it might still send is dropped, so the
+        # answer below is the only one on the wire.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._answer_and_close(
+            _refusal(
+                408,
+                f"The request body did not arrive within {self.limits.body_idle_timeout_s:g} s "
+                "(body_idle_timeout_s).",
+                "request_timeout",
+            )
+        )
 
     # ---- refusals --------------------------------------------------------------------------
 
@@ -201,7 +269,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             "request_header_too_large",
         )
 
-    def _refuse(self, answer: bytes) -> None:
+    def _refuse_next(self, answer: bytes) -> None:
+        """Refuse the head being read. While an earlier request is still being answered, the
+        refusal would land inside (or ahead of) that answer: the connection ends after it
+        instead, and nothing more is read."""
+        if self._answering():
+            self._ending = True
+            self.cycle.keep_alive = False
+            self.flow.pause_reading()
+            return
+        self._answer_and_close(answer)
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        self._ending = True
         if not self.transport.is_closing():
             self.transport.write(answer)
             self.transport.close()
@@ -221,4 +301,6 @@ def server_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
         access_log=False,
         timeout_graceful_shutdown=5,
         http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+        # Backfill has no WebSocket routes; an upgrade request is answered as plain HTTP.
+        ws="none",
     )
