@@ -205,3 +205,14 @@ def test_cli_names_a_bad_master_key_without_a_traceback(
     assert "master key" in result.output
     assert "Traceback" not in result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+
+
+def test_cli_names_an_invalid_setting_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BACKFILL_CONFIG", raising=False)
+    monkeypatch.setenv("BACKFILL_HEADER_TIMEOUT_S", "0")
+    result = CliRunner().invoke(admin_cli, ["org", "create", "acme", "--data", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "header_timeout_s" in result.output
+    assert "Traceback" not in result.output

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from pydantic import ValidationError
 
 from backfill.adapters.blobs.master import MasterKeyError
 from backfill.errors import BackfillError
@@ -23,7 +24,15 @@ def load(config: Path | None, **overrides: Any) -> Settings:
     if config is not None:
         os.environ["BACKFILL_CONFIG"] = str(config)
     # Through __init__, not model_validate: only __init__ reads the TOML file and environment.
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        # One line per bad setting, naming it and its bound, instead of a traceback.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        typer.secho(f"Error: invalid settings: {problems}", err=True, fg="red")
+        raise typer.Exit(2) from None
 
 
 @asynccontextmanager
