@@ -11,7 +11,12 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
-from backfill.adapters.blobs.master import MasterKey, load_master_key, verify_master_key
+from backfill.adapters.blobs.master import (
+    CURRENT_BLOB_FORMAT,
+    MasterKey,
+    load_master_key,
+    verify_master_key,
+)
 from backfill.adapters.blobs.raw import LocalRawStore, RawStore
 from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.adapters.clock import SystemClock
@@ -25,7 +30,7 @@ from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
 from backfill.metrics import Metrics
-from backfill.ports import BlobStore, Clock, Engine
+from backfill.ports import Clock, Engine
 from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, OrgLimits
@@ -43,11 +48,10 @@ log = logging.getLogger("backfill")
 class Backfill:
     settings: Settings
     store: SqlStore
-    blobs: BlobStore
+    blobs: EncryptedBlobStore
     services: Services
     worker: Worker | None
     master: MasterKey
-    content: EncryptedBlobStore
     clock: Clock
     processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -57,13 +61,13 @@ class Backfill:
         floor = await verify_master_key(
             self.store, self.master, int(self.clock.now()), self._opens_stored_content
         )
-        self.content.legacy_reads = floor < 2
+        self.blobs.legacy_reads = floor < CURRENT_BLOB_FORMAT
 
     async def _opens_stored_content(self) -> bool | None:
         """Whether the master key opens any of a few stored files (None: none to try); one
         damaged or deleted blob must not decide it."""
         answers = [
-            await self.content.opens(content_key(file_id))
+            await self.blobs.opens(content_key(file_id))
             for file_id in await self.store.stored_file_ids(None, 5)
         ]
         if True in answers:
@@ -113,9 +117,8 @@ class Backfill:
             self.services,
             on_start=self.start,
             on_stop=self.stop,
-            admin_token=self.settings.admin_token,
-            engine_status=self.worker.engine_status if self.worker else None,
             settings=self.settings,
+            engine_status=self.worker.engine_status if self.worker else None,
         )
 
 
@@ -280,4 +283,4 @@ def build(
         operations.observers.append(worker.observe)
         batches.created_listeners.append(worker.note_created)
         batches.cancel_listeners.append(worker.stop_starting)
-    return Backfill(settings, store, blobs, services, worker, master, blobs, clock, processes)
+    return Backfill(settings, store, blobs, services, worker, master, clock, processes)

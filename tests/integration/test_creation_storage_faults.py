@@ -252,17 +252,10 @@ async def test_batch_still_validating_when_its_window_ends_expires(
         assert await org_reserved(bf) == 0
 
 
-async def test_input_expiry_is_set_with_the_batch_row(
-    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_input_expiry_is_set_with_the_batch_row(tmp_path: Path, sim: Sim) -> None:
     """Nothing after the batch row is committed can turn an accepted creation into a 503."""
     async with in_process_backfill(tmp_path, sim[0]) as bf:
         store = bf.backfill.store
-
-        async def set_file_expiry(file_id: str, expires_at: int) -> None:
-            raise StorageError("The database failed while setting a file's expiry: OSError.")
-
-        monkeypatch.setattr(store, "set_file_expiry", set_file_expiry)
         file_id = await uploaded(bf)
         response = await bf.create(file_id)
         assert response.status_code == 200, response.text

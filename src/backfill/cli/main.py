@@ -72,7 +72,6 @@ def _serve(settings: Settings, role: str) -> None:
     from backfill.adapters.http.server import server_config
     from backfill.container import build
 
-    _refuse_weak_admin_token(settings)
     # A busy worker allocates many short-lived objects; with the default threshold the cyclic
     # collector ran for ~10% of its CPU (py-spy). Long-lived startup objects are frozen too.
     gc.collect()
@@ -159,6 +158,7 @@ def serve(
     if role not in ("all", "api", "worker"):
         raise typer.BadParameter("role must be all, api or worker", param_hint="--role")
     settings = load(config, port=port)
+    _refuse_weak_admin_token(settings)
     _logging(settings.log_level)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)

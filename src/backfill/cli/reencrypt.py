@@ -34,7 +34,7 @@ async def reencrypt_all(settings: Settings, console: Console) -> Outcome:
     """Rewrite every format-1 blob; raise the floor only when all of them succeeded."""
     outcome = Outcome()
     async with opened(settings) as backfill:
-        store, blobs = backfill.store, backfill.content
+        store, blobs = backfill.store, backfill.blobs
         ids: list[str] = []
         while page := await store.stored_file_ids(ids[-1] if ids else None, _PAGE):
             ids.extend(page)

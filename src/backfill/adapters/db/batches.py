@@ -149,12 +149,6 @@ class BatchQueries(SqlBase):
             ).all()
         return [file_of(r) for r in rows]
 
-    async def set_file_expiry(self, file_id: str, expires_at: int) -> None:
-        async with self.writing() as conn:
-            await conn.execute(
-                update(t.files).where(t.files.c.id == file_id).values(expires_at=expires_at)
-            )
-
     async def purge_results(self, batch_id: str) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(

@@ -25,12 +25,10 @@ def create_app(
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     *,
-    admin_token: str | None = None,
+    settings: Settings,
     engine_status: Callable[[], list[dict[str, Any]]] | None = None,
-    settings: Settings | None = None,
 ) -> FastAPI:
-    # Defaults without reading the environment: the caller passes the settings it loaded.
-    edge = settings or Settings.model_construct()
+    admin_token = settings.admin_token
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -57,13 +55,13 @@ def create_app(
     app.state.engine_status = engine_status
     install_error_handlers(app)
     brake = None
-    if edge.auth_failure_limit > 0:
-        brake = FailureBrake(edge.auth_failure_limit, edge.auth_failure_window_s)
+    if settings.auth_failure_limit > 0:
+        brake = FailureBrake(settings.auth_failure_limit, settings.auth_failure_window_s)
     # Added first, so it runs inside RequestIdMiddleware and its refusals carry the request id.
     app.add_middleware(
         EdgeGuard,
         admin_token=admin_token,
-        max_json_body_bytes=edge.max_json_body_bytes,
+        max_json_body_bytes=settings.max_json_body_bytes,
         brake=brake,
     )
     app.add_middleware(RequestIdMiddleware)
@@ -82,7 +80,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        token = edge.metrics_token
+        token = settings.metrics_token
         if token and not secret_matches(bearer(request.scope["headers"]), token):
             raise Unauthorized(
                 "Metrics need 'Authorization: Bearer <metrics_token>'.",
