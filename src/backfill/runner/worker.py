@@ -385,23 +385,9 @@ class Worker:
             release_slot()
             self._start_backlog(slot)
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
-                await self._store.release(batch.id, item.idx, self._token)
+                await self._release(batch.id, item.idx, None)
                 return
-            sealed = self._sealer.seal(outcome.row, result_context(batch.id, item.idx))
-            await self._results.put(
-                ItemResult(
-                    batch_id=batch.id,
-                    idx=item.idx,
-                    lease_token=self._token,
-                    ok=outcome.ok,
-                    payload=sealed,
-                    input_tokens=outcome.input_tokens,
-                    output_tokens=outcome.output_tokens,
-                    cached_tokens=outcome.cached_tokens,
-                    request_id=outcome.request_id,
-                    custom_id=item.custom_id,
-                )
-            )
+            await self._put_outcome(batch, item, outcome)
             self._failures.succeeded(batch.id, item.idx)
         except asyncio.CancelledError:
             raise
@@ -426,19 +412,27 @@ class Worker:
         can finish; False when even that cannot be stored (it is released and retried)."""
         row = error_row(item.custom_id, "internal_error", REPEATED_FAILURE)
         try:
-            await self._results.put(
-                ItemResult(
-                    batch_id=batch.id,
-                    idx=item.idx,
-                    lease_token=self._token,
-                    ok=False,
-                    payload=self._sealer.seal(row, result_context(batch.id, item.idx)),
-                    custom_id=item.custom_id,
-                )
-            )
+            await self._put_outcome(batch, item, _Outcome(False, row))
         except Exception:
             return False
         return True
+
+    async def _put_outcome(self, batch: BatchRecord, item: ClaimedItem, outcome: _Outcome) -> None:
+        """Seal the request's row and store it durably (settling its charge)."""
+        await self._results.put(
+            ItemResult(
+                batch_id=batch.id,
+                idx=item.idx,
+                lease_token=self._token,
+                ok=outcome.ok,
+                payload=self._sealer.seal(outcome.row, result_context(batch.id, item.idx)),
+                input_tokens=outcome.input_tokens,
+                output_tokens=outcome.output_tokens,
+                cached_tokens=outcome.cached_tokens,
+                request_id=outcome.request_id,
+                custom_id=item.custom_id,
+            )
+        )
 
     async def _release(self, batch_id: str, idx: int, not_before: float | None) -> None:
         """Give a lease back; when the database refuses, the heartbeat tries again."""
@@ -535,9 +529,11 @@ class Worker:
     async def heartbeat(self) -> None:
         """Renew the leases this worker works on, and only those: a lease whose task ended
         without a result or a release runs out, so cancel and other workers never wait on it."""
-        for (batch_id, idx), not_before in list(self._unreleased.items()):
-            await self._store.release(batch_id, idx, self._token, not_before)
-            del self._unreleased[(batch_id, idx)]
+        # Releases the database refused before; one that fails again waits for the next beat
+        # and does not keep the live leases below from being renewed.
+        pending, self._unreleased = self._unreleased, {}
+        for (batch_id, idx), not_before in pending.items():
+            await self._release(batch_id, idx, not_before)
         held: dict[str, set[int]] = defaultdict(set)
         for batch_id, running in self._running.items():
             held[batch_id] |= running
