@@ -337,10 +337,6 @@ class Store(Protocol):
     async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None: ...
 
     # billing
-    async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
-        """Append a credit; returns the new balance."""
-        ...
-
     async def credit(self, org_id: str, amount: int, note: str | None, now: int) -> Ledger:
         """Append a credit unless it would take the balance past its cap (InvalidInput);
         returns the ledger as that same transaction left it."""

@@ -46,3 +46,12 @@ def create_private(path: Path, *, exclusive: bool = True) -> int:
 def tighten_file(path: Path) -> None:
     """Set an existing file to 0600, creating it empty when missing."""
     os.close(create_private(path, exclusive=False))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (the directory entry itself)."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

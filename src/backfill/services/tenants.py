@@ -165,7 +165,7 @@ class TenantService:
             return None
         org = await self.create_org(name)
         if credit > 0:
-            await self._store.add_credit(org.id, credit, "starting credit", int(self._clock.now()))
+            await self._store.credit(org.id, credit, "starting credit", int(self._clock.now()))
         return await self.create_key(name, SCOPES)
 
     async def org(self, name: str) -> Org:

@@ -22,7 +22,7 @@ from backfill.adapters.blobs.crypto import (
     decode_master_key,
     new_master_key,
 )
-from backfill.adapters.private import create_private, private_dir
+from backfill.adapters.private import create_private, fsync_dir, private_dir
 from backfill.ports import KeyringRecord, KeyringStore
 
 SETTING = "master_key (BACKFILL_MASTER_KEY)"
@@ -130,8 +130,4 @@ def _save(key_file: Path, key: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     with contextlib.suppress(OSError):
-        dir_fd = os.open(key_file.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(key_file.parent)

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from backfill.adapters.private import create_private, private_dir
+from backfill.adapters.private import create_private, fsync_dir, private_dir
 from backfill.errors import NotFound, StorageError
 
 
@@ -60,11 +60,7 @@ class _LocalWriter:
         if not self._final.parent.is_dir():
             private_dir(self._final.parent)
         os.replace(self._tmp, self._final)
-        dir_fd = os.open(self._final.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self._final.parent)
 
     async def abort(self) -> None:
         # Closing flushes buffered bytes, which fails again on a full disk: ignore that.

@@ -177,9 +177,6 @@ class AccountQueries(SqlBase):
 
     # ---- billing ----------------------------------------------------------------------
 
-    async def add_credit(self, org_id: str, amount: int, note: str | None, now: int) -> int:
-        return (await self.credit(org_id, amount, note, now)).balance
-
     async def credit(self, org_id: str, amount: int, note: str | None, now: int) -> Ledger:
         if amount > MAX_CREDIT:  # the service says so first; this keeps the SQL in int64
             raise InvalidInput(
