@@ -77,18 +77,27 @@ class SqlBase:
             await conn.run_sync(upgrade)
 
     @asynccontextmanager
-    async def writing(self) -> AsyncIterator[AsyncConnection]:
+    async def writing(self, failing: str | None = None) -> AsyncIterator[AsyncConnection]:
         """A write transaction whose "disk full" becomes StorageError (503, retryable): the
-        transaction rolled back, so nothing is left and the same call may be sent again."""
+        transaction rolled back, so nothing is left and the same call may be sent again.
+
+        With ``failing`` (what the write does, for the message) any driver failure — a lost
+        connection, a busy database — becomes a retryable StorageError too: the worker's
+        writes, where the runner must not need to know the driver's exceptions.
+        """
         try:
             async with self.engine.begin() as conn:
                 yield conn
-        except DBAPIError as exc:
-            if not out_of_room(exc):
+        except (DBAPIError, OSError) as exc:
+            if isinstance(exc, DBAPIError) and out_of_room(exc):
+                raise StorageError(
+                    "The database has no room left for this write; nothing was stored. Retry "
+                    "later, once an operator has freed space."
+                ) from exc
+            if failing is None:
                 raise
             raise StorageError(
-                "The database has no room left for this write; nothing was stored. Retry "
-                "later, once an operator has freed space."
+                f"The database failed while {failing}: {exc.__class__.__name__}."
             ) from exc
 
     async def close(self) -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -20,7 +18,6 @@ from backfill.adapters.db.rows import (
 )
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
-from backfill.errors import StorageError
 from backfill.ports import (
     ClaimedItem,
     FileRecord,
@@ -31,18 +28,6 @@ from backfill.ports import (
 _RESULT_PAGE = 1000
 # Items per renewal statement: well under the bind-parameter limits of SQLite and asyncpg.
 _RENEW_CHUNK = 1000
-
-
-@contextmanager
-def _storage_errors(action: str) -> Iterator[None]:
-    """The database failing (full disk, lost connection, busy) reaches the worker as a
-    retryable StorageError, so the runner never needs to know the driver's exceptions."""
-    try:
-        yield
-    except (DBAPIError, OSError) as exc:
-        raise StorageError(
-            f"The database failed while {action}: {exc.__class__.__name__}."
-        ) from exc
 
 
 class Settling:
@@ -169,21 +154,20 @@ class QueueQueries(SqlBase):
         self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
     ) -> None:
         i = t.items
-        with _storage_errors("renewing leases"):
-            async with self.engine.begin() as conn:
-                for batch_id, idxs in held.items():
-                    ordered = sorted(idxs)
-                    for start in range(0, len(ordered), _RENEW_CHUNK):
-                        await conn.execute(
-                            update(i)
-                            .where(
-                                i.c.batch_id == batch_id,
-                                i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
-                                i.c.lease_token == token,
-                                i.c.state == ItemState.LEASED,
-                            )
-                            .values(lease_until=lease_until)
+        async with self.writing("renewing leases") as conn:
+            for batch_id, idxs in held.items():
+                ordered = sorted(idxs)
+                for start in range(0, len(ordered), _RENEW_CHUNK):
+                    await conn.execute(
+                        update(i)
+                        .where(
+                            i.c.batch_id == batch_id,
+                            i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
+                            i.c.lease_token == token,
+                            i.c.state == ItemState.LEASED,
                         )
+                        .values(lease_until=lease_until)
+                    )
 
     async def release_all_leases(self) -> None:
         async with self.engine.begin() as conn:
@@ -194,14 +178,10 @@ class QueueQueries(SqlBase):
             )
 
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
-        with _storage_errors("storing results"):
-            return await self._write_results(results)
-
-    async def _write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
         b = t.batches
         now = time.time()
-        async with self.engine.begin() as conn:
+        async with self.writing("storing results") as conn:
             batch_ids = sorted({r.batch_id for r in results})
             query = select(
                 b.c.id,
@@ -284,18 +264,17 @@ class QueueQueries(SqlBase):
         self, batch_id: str, idx: int, token: str, not_before: float | None = None
     ) -> None:
         i = t.items
-        with _storage_errors("releasing a request"):
-            async with self.engine.begin() as conn:
-                await conn.execute(
-                    update(i)
-                    .where(
-                        i.c.batch_id == batch_id,
-                        i.c.idx == idx,
-                        i.c.lease_token == token,
-                        i.c.state == ItemState.LEASED,
-                    )
-                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
+        async with self.writing("releasing a request") as conn:
+            await conn.execute(
+                update(i)
+                .where(
+                    i.c.batch_id == batch_id,
+                    i.c.idx == idx,
+                    i.c.lease_token == token,
+                    i.c.state == ItemState.LEASED,
                 )
+                .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
+            )
 
     async def live_leases(self, batch_id: str, now: float) -> int:
         i = t.items
