@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG, Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
@@ -19,7 +18,7 @@ from backfill.adapters.blobs.raw import LocalRawStore, MemoryRawStore, RawStore
 from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.errors import ContentUnreadable
 from backfill.ports import BlobStore
-from tests.support import S3_CREDENTIALS, moto_endpoint, new_bucket
+from tests.support import S3_CREDENTIALS, legacy_blob, moto_endpoint, new_bucket
 
 KEY = "files/blob-under-test"
 SIZES = [0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 1, 3 * SEGMENT + 7]
@@ -263,16 +262,8 @@ async def copy_raw(raw: RawStore, source: str, target: str) -> None:
 async def put_legacy(raw: RawStore, master: bytes, key: str, data: bytes) -> None:
     """Write ``data`` in format 1 ("BFE1", not bound to its key), as releases before the
     binding did."""
-    data_key, prefix, nonce = AESGCM.generate_key(bit_length=256), os.urandom(7), os.urandom(12)
-    wrapped = nonce + AESGCM(master).encrypt(nonce, data_key, b"backfill-data-key")
-    out = [b"BFE1" + SEGMENT.to_bytes(4, "big") + prefix + wrapped]
-    chunks = [data[i : i + SEGMENT] for i in range(0, len(data), SEGMENT)] or [b""]
-    for index, chunk in enumerate(chunks):
-        last = 1 if index == len(chunks) - 1 else 0
-        seal = prefix + index.to_bytes(4, "big") + bytes([last])
-        out.append(AESGCM(data_key).encrypt(seal, chunk, None))
     writer = await raw.writer(key)
-    await writer.write(b"".join(out))
+    await writer.write(legacy_blob(master, data))
     await writer.commit()
 
 

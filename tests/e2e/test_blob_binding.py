@@ -12,10 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from backfill.adapters.blobs.crypto import SEGMENT
-from tests.support import ServerProcess, chat_line, jsonl
+from tests.support import ServerProcess, chat_line, jsonl, legacy_blob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -72,15 +70,7 @@ def test_a_blob_copied_over_another_orgs_blob_is_refused(server_process: ServerP
 
 def write_legacy(path: Path, master: bytes, data: bytes) -> None:
     """``data`` in format 1 ("BFE1"), as releases before the binding wrote it."""
-    data_key, prefix, nonce = AESGCM.generate_key(bit_length=256), os.urandom(7), os.urandom(12)
-    wrapped = nonce + AESGCM(master).encrypt(nonce, data_key, b"backfill-data-key")
-    out = [b"BFE1" + SEGMENT.to_bytes(4, "big") + prefix + wrapped]
-    chunks = [data[i : i + SEGMENT] for i in range(0, len(data), SEGMENT)] or [b""]
-    for index, chunk in enumerate(chunks):
-        last = 1 if index == len(chunks) - 1 else 0
-        nonce = prefix + index.to_bytes(4, "big") + bytes([last])
-        out.append(AESGCM(data_key).encrypt(nonce, chunk, None))
-    path.write_bytes(b"".join(out))
+    path.write_bytes(legacy_blob(master, data))
 
 
 def floor(server: ServerProcess) -> int:
