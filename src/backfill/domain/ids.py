@@ -31,3 +31,14 @@ def org_id() -> str:
 
 def lease_token() -> str:
     return secrets.token_hex(8)
+
+
+# The width of every id column; also the bound on a key id an admin may name.
+MAX_ID_CHARS = 64
+
+
+def plausible(value: str, max_chars: int = MAX_ID_CHARS) -> bool:
+    """Whether ``value`` could be an id or a name at all. Anything else (empty, huge, NUL or
+    other control characters) is simply not found, without asking the database (PostgreSQL
+    refuses NUL in text, for one)."""
+    return 0 < len(value) <= max_chars and value.isprintable()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from backfill.domain.money import MAX_CREDIT, MAX_CREDIT_USD, usd_to_pico
 from backfill.errors import InvalidInput, NotFound
 from backfill.ports import Clock, Ledger, Receipt, Store
-from backfill.services.tenants import plausible_org_name, printable
+from backfill.services.tenants import find_org, printable
 
 MAX_NOTE_CHARS = 200
 
@@ -33,9 +33,7 @@ class BillingService:
             )
         if note is not None:
             printable(note, "note", MAX_NOTE_CHARS, allow_empty=True)
-        org = await self._store.org_by_name(org_name) if plausible_org_name(org_name) else None
-        if org is None:
-            raise NotFound(f"No organization named {org_name!r}.")
+        org = await find_org(self._store, org_name)
         return await self._store.credit(org.id, amount, note, int(self._clock.now()))
 
     async def ledger(self, org_id: str) -> Ledger:

@@ -48,10 +48,13 @@ def printable(value: str, param: str, max_chars: int, *, allow_empty: bool = Fal
     return value
 
 
-def plausible_org_name(name: str) -> bool:
-    """Whether ``name`` could name an org: anything else is simply not found, without asking
-    the database (PostgreSQL refuses NUL in text, for one)."""
-    return 0 < len(name) <= MAX_ORG_NAME_CHARS and name.isprintable()
+async def find_org(store: Store, name: str) -> Org:
+    """The org named ``name``; NotFound otherwise (an impossible name never reaches the
+    database)."""
+    org = await store.org_by_name(name) if ids.plausible(name, MAX_ORG_NAME_CHARS) else None
+    if org is None:
+        raise NotFound(f"No organization named {name!r}; create it first.")
+    return org
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ class TenantService:
     async def revoke_key(self, key_id: str) -> ApiKey:
         """Revoke a key at once for every process; revoking a revoked key changes nothing."""
         key = None
-        if 0 < len(key_id) <= 64 and key_id.isprintable():
+        if ids.plausible(key_id):
             key = await self._store.revoke_api_key(key_id, int(self._clock.now()))
         if key is None:
             raise NotFound(
@@ -169,7 +172,4 @@ class TenantService:
         return await self.create_key(name, SCOPES)
 
     async def org(self, name: str) -> Org:
-        org = await self._store.org_by_name(name) if plausible_org_name(name) else None
-        if org is None:
-            raise NotFound(f"No organization named {name!r}; create it first.")
-        return org
+        return await find_org(self._store, name)

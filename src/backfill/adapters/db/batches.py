@@ -20,6 +20,7 @@ from backfill.adapters.db.rows import (
     file_of,
     file_values,
 )
+from backfill.domain import ids
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
 from backfill.errors import (
@@ -39,19 +40,13 @@ from backfill.ports import (
 
 _INSERT_CHUNK = 5000
 _ITEMS_WELCOME = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
-_MAX_ID_CHARS = 64  # the id columns' width
-
-
-def _plausible_id(value: str) -> bool:
-    """Whether ``value`` could be an id at all; others (NUL, huge) never reach the database."""
-    return len(value) <= _MAX_ID_CHARS and value.isprintable()
 
 
 def _unknown_anchor(kind: str, after: str) -> InvalidInput:
     # The same answer for an id of another org as for one that never existed.
     return InvalidInput(
         f"'after' must be the id of a {kind} of this organization from an earlier page; "
-        f"{after[:_MAX_ID_CHARS]!r} is not one.",
+        f"{after[: ids.MAX_ID_CHARS]!r} is not one.",
         code="invalid_value",
         param="after",
     )
@@ -115,7 +110,7 @@ class BatchQueries(SqlBase):
                             select(f.c.seq).where(f.c.id == after, f.c.org_id == org_id)
                         )
                     ).scalar()
-                    if _plausible_id(after)
+                    if ids.plausible(after)
                     else None
                 )
                 if anchor is None:
@@ -359,7 +354,7 @@ class BatchQueries(SqlBase):
                             select(b.c.seq).where(b.c.id == after, b.c.org_id == org_id)
                         )
                     ).scalar()
-                    if _plausible_id(after)
+                    if ids.plausible(after)
                     else None
                 )
                 if anchor is None:
