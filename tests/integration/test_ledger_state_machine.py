@@ -365,7 +365,9 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         response = self.run(self.bf.client.post(f"/v1/batches/{batch.id}/cancel", json={}))
         assert response.status_code == 200, response.text
-        assert response.json()["status"] in ("cancelling", "cancelled", "completed")
+        # A batch already finalizing cannot be cancelled: it is returned as it is (SPEC §4.5)
+        # and completes.
+        assert response.json()["status"] in ("cancelling", "cancelled", "finalizing", "completed")
         batch.cancelled = True
 
     @precondition(lambda self: bool(self.unresolved()))
