@@ -36,16 +36,17 @@ from backfill.ports import (
 log = logging.getLogger("backfill.db")
 
 
-async def _exact_sum(conn: AsyncConnection, column: Any, where: Any) -> int:
-    """``SUM(column)`` without int64 overflow: lifetime credits may exceed any one balance.
+async def _exact_sum(conn: AsyncConnection, column: Any, where: Any) -> tuple[int, int]:
+    """``SUM(column)`` without int64 overflow, and the row count, in one statement: lifetime
+    credits may exceed any one balance.
 
     SQLite's SUM raises "integer overflow" past 2**63; summing the high and the low 32 bits
     apart is exact on both databases up to 2**31 rows.
     """
     high = func.coalesce(func.sum(column.op(">>")(literal_column("32"))), 0)
     low = func.coalesce(func.sum(column.op("&")(literal_column("4294967295"))), 0)
-    row = (await conn.execute(select(high, low).where(where))).one()
-    return (int(row[0]) << 32) + int(row[1])
+    row = (await conn.execute(select(high, low, func.count()).where(where))).one()
+    return (int(row[0]) << 32) + int(row[1]), int(row[2])
 
 
 def _key_of(row: Any) -> ApiKey:
@@ -218,11 +219,8 @@ class AccountQueries(SqlBase):
 
     async def _ledger(self, conn: AsyncConnection, org_id: str) -> Ledger:
         c, r = t.credits, t.receipts
-        credits = await _exact_sum(conn, c.c.amount, c.c.org_id == org_id)
-        charges = await _exact_sum(conn, r.c.amount, r.c.org_id == org_id)
-        receipts = (
-            await conn.execute(select(func.count()).where(r.c.org_id == org_id))
-        ).scalar_one()
+        credits, _ = await _exact_sum(conn, c.c.amount, c.c.org_id == org_id)
+        charges, receipts = await _exact_sum(conn, r.c.amount, r.c.org_id == org_id)
         org = (
             await conn.execute(
                 select(t.orgs.c.balance, t.orgs.c.reserved).where(t.orgs.c.id == org_id)
