@@ -188,6 +188,30 @@ class ClaimedItem:
     offset: int
     length: int
     custom_id: str
+    chunk: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkBatch:
+    """What running a batch's lines needs to know about it: a claim returns it with them, so
+    workers never list batches to find work."""
+
+    id: str
+    org_id: str
+    model: str
+    endpoint: str
+    input_file_id: str
+    billing: str
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Lines of one chunk of one batch, leased to the claimer, in index order."""
+
+    batch: WorkBatch
+    chunk: int
+    items: list[ClaimedItem]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     BigInteger,
     Column,
     Float,
@@ -17,6 +18,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
+    text,
 )
 
 metadata = MetaData()
@@ -136,6 +139,13 @@ files = Table(
     # Monotonic insertion order: list endpoints page by it, newest first.
     Column("seq", BigInteger, nullable=False),
     Index("ix_files_org_seq", "org_id", "seq"),
+    # The janitor's query: live files by expiry, without walking the deleted ones.
+    Index(
+        "ix_files_expiring",
+        "expires_at",
+        sqlite_where=text("status <> 'deleted'"),
+        postgresql_where=text("status <> 'deleted'"),
+    ),
 )
 
 batches = Table(
@@ -180,9 +190,14 @@ batches = Table(
     Column("charged", BigInteger, nullable=False, server_default="0"),
     Column("output_token_bound", BigInteger, nullable=False, server_default="0"),
     Column("output_expires_after_s", Integer),
+    # The finalize lease: one worker builds and publishes a batch's files (its token names the
+    # attempt's blobs, so a late loser never overwrites what was published).
+    Column("finalizer", String(32)),
+    Column("finalize_until", Float),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
-    Index("ix_batches_status", "status"),
+    # The lifecycle reads batches by status, and in-progress ones by deadline: never them all.
+    Index("ix_batches_status_expires", "status", "expires_at"),
 )
 
 # One row per request line of a batch. Content never lives here in the clear: ``result`` is
@@ -203,5 +218,72 @@ items = Table(
     Column("result", LargeBinary),
     Column("input_tokens", Integer),
     Column("output_tokens", Integer),
+    # The chunk the line belongs to (null for lines of batches over before chunks existed).
+    Column("chunk", Integer),
+    # Claims read queued lines of one chunk: (batch_id, state = 0, idx range).
     Index("ix_items_claim", "batch_id", "state", "idx"),
+    # Expired leases are put back by a sweep that reads only leased lines.
+    Index(
+        "ix_items_leased",
+        "lease_until",
+        sqlite_where=text("state = 1"),
+        postgresql_where=text("state = 1"),
+    ),
+)
+
+# The unit of claim: a range of lines of one batch that starts inside one segment of the input,
+# so the lines a claim hands out are read with one ranged read. ``state``: 0 ready (it holds
+# queued lines), 1 taken (all its lines are leased or done), 2 closed (its batch stopped).
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("batch_id", String(64), primary_key=True),
+    Column("chunk", Integer, primary_key=True),
+    Column("first_idx", Integer, nullable=False),
+    Column("end_idx", Integer, nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("org_id", String(64), nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+    Column("state", SmallInteger, nullable=False, server_default="0"),
+    # A line released with a backoff holds its whole chunk back until then.
+    Column("not_before", Float),
+    Index(
+        "ix_chunks_ready",
+        "model",
+        "org_id",
+        "expires_at",
+        "batch_id",
+        "chunk",
+        sqlite_where=text("state = 0"),
+        postgresql_where=text("state = 0"),
+    ),
+)
+
+# One lane per (model, org): the fair claim serves the ready lane that has been served least.
+# ``served`` counts the lines claimed from it; ``ready`` the lane's chunks in state 0.
+lanes = Table(
+    "lanes",
+    metadata,
+    Column("model", String(256), primary_key=True),
+    Column("org_id", String(64), primary_key=True),
+    # GPU-time lanes pause while their org has no credit (SPEC §7.4).
+    Column("metered", Boolean, nullable=False, server_default=false()),
+    Column("served", BigInteger, nullable=False, server_default="0"),
+    Column("ready", Integer, nullable=False, server_default="0"),
+    Index(
+        "ix_lanes_turn",
+        "model",
+        "served",
+        sqlite_where=text("ready > 0"),
+        postgresql_where=text("ready > 0"),
+    ),
+)
+
+# Work that one process at a time does for everyone (the janitor): a named lease.
+singletons = Table(
+    "singletons",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(32), nullable=False),
+    Column("until", Float, nullable=False),
 )
