@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.chunks import ChunkRef
 from backfill.domain.money import Prices
 
 
@@ -76,6 +77,11 @@ class EngineTimeout(Exception):
 class Engine(Protocol):
     name: str
     max_concurrency: int
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The catalog models this engine serves: what its claims ask for."""
+        ...
 
     def serves(self, model: str) -> bool: ...
 
@@ -171,14 +177,6 @@ class BatchRecord:
     @property
     def prices(self) -> Prices | None:
         return Prices.stored(self.price_input, self.price_cached_input, self.price_output)
-
-
-@dataclass(frozen=True, slots=True)
-class LineRef:
-    idx: int
-    offset: int
-    length: int
-    custom_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,10 +377,10 @@ class Store(Protocol):
         """Insert the batch, reserving credit and enforcing limits in the same transaction."""
         ...
 
-    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> bool:
-        """Queue ``lines`` (idempotently) while the batch may still run (``validating``, or
-        ``in_progress`` for a repeated resume); False, adding nothing, once it is cancelling,
-        finalizing or over."""
+    async def add_items(self, batch_id: str, chunks: Sequence[ChunkRef]) -> bool:
+        """Queue the chunks' lines (idempotently) while the batch may still run
+        (``validating``, or ``in_progress`` for a repeated resume); False, adding nothing,
+        once it is cancelling, finalizing or over."""
         ...
 
     async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None: ...
@@ -399,10 +397,26 @@ class Store(Protocol):
 
     async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]: ...
 
+    async def lifecycle_batches(self, now: float) -> list[BatchRecord]:
+        """Validating, cancelling and finalizing batches, and in-progress ones past their
+        deadline: what a lifecycle pass acts on, without reading every running batch."""
+        ...
+
+    async def finish_drained(self, now: int) -> int:
+        """Move in-progress batches whose lines are all done to ``finalizing``."""
+        ...
+
     # work queue
     async def claim(
-        self, batch_id: str, limit: int, token: str, lease_until: float, now: float
-    ) -> list[ClaimedItem]: ...
+        self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
+    ) -> list[Claim]:
+        """Lease up to ``limit`` queued lines of running batches of ``models``, a chunk at a
+        time, from the least-served (model, org) lanes first."""
+        ...
+
+    async def requeue_expired(self, now: float) -> int:
+        """Put leased lines whose lease ran out back in the queue; how many."""
+        ...
 
     async def renew_leases(
         self, token: str, lease_until: float, held: Mapping[str, Collection[int]]

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from backfill.adapters.db.store import SqlStore
+from backfill.domain.chunks import Chunker
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.lines import LineRef
 from backfill.errors import Conflict
 from backfill.ports import (
     Admission,
@@ -24,7 +26,6 @@ from backfill.ports import (
     ClaimedItem,
     FileRecord,
     ItemResult,
-    LineRef,
     Org,
     StoredResult,
 )
@@ -85,26 +86,49 @@ async def make_batch(
     *,
     status: str = BatchStatus.IN_PROGRESS,
     idempotency_key: str | None = None,
+    model: str | None = None,
 ) -> BatchRecord:
+    """A batch of its own model (so a claim for that model takes only its lines)."""
     source = file_record(org)
     await store.create_file(source)
     batch = BatchRecord(
         id=_id("batch_"),
         org_id=org.id,
         endpoint="/v1/chat/completions",
-        model="m",
+        model=model or _id("m-"),
         model_config_id="m-v1",
         input_file_id=source.id,
         completion_window="24h",
-        status=status,
+        status=BatchStatus.VALIDATING,
         created_at=int(NOW),
         expires_at=int(NOW) + 86400,
         total=items,
         idempotency_key=idempotency_key,
     )
     await store.create_batch(batch, ADMIT_ALL)
-    await store.add_items(batch.id, [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)])
-    return batch
+    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)]
+    chunker = Chunker()
+    await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
+    if status != BatchStatus.VALIDATING:
+        # Through in_progress, as a started batch goes: its lane opens then.
+        assert await store.transition(batch.id, [BatchStatus.VALIDATING], "in_progress", 1)
+        if status != BatchStatus.IN_PROGRESS:
+            assert await store.transition(batch.id, [BatchStatus.IN_PROGRESS], status, 2)
+    return dataclasses.replace(batch, status=status)
+
+
+async def take(
+    store: SqlStore, batch: BatchRecord, limit: int, token: str, lease_until: float, now: float
+) -> list[ClaimedItem]:
+    """Claim up to ``limit`` lines for an engine serving only ``batch``'s model (a claim takes
+    one chunk per lane, so as many claims as that needs)."""
+    items: list[ClaimedItem] = []
+    while len(items) < limit:
+        claims = await store.claim([batch.model], limit - len(items), token, lease_until, now)
+        if not claims:
+            break
+        items += [item for claim in claims for item in claim.items]
+    return items
 
 
 ADMIT_ALL = Admission(
@@ -267,30 +291,36 @@ async def test_list_batches_newest_first(store: SqlStore) -> None:
 async def test_claim_returns_items_in_index_order_once(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 5)
-    first = await store.claim(batch.id, 3, "token-a", NOW + LEASE, NOW)
+    first = await take(store, batch, 3, "token-a", NOW + LEASE, NOW)
     assert [c.idx for c in first] == [0, 1, 2]
     assert first[0] == ClaimedItem(batch.id, 0, 0, 100, "req-0")
-    second = await store.claim(batch.id, 10, "token-b", NOW + LEASE, NOW)
+    second = await take(store, batch, 10, "token-b", NOW + LEASE, NOW)
     assert [c.idx for c in second] == [3, 4]
-    assert await store.claim(batch.id, 10, "token-c", NOW + LEASE, NOW) == []
+    assert await take(store, batch, 10, "token-c", NOW + LEASE, NOW) == []
     assert await store.live_leases(batch.id, NOW) == 5
 
 
-async def test_claim_is_per_batch(store: SqlStore) -> None:
+async def test_claim_is_per_model(store: SqlStore) -> None:
     org = await make_org(store)
     one, two = await make_batch(store, org, 2), await make_batch(store, org, 2)
-    claimed = await store.claim(one.id, 10, "token-a", NOW + LEASE, NOW)
+    claimed = await take(store, one, 10, "token-a", NOW + LEASE, NOW)
     assert {c.batch_id for c in claimed} == {one.id}
-    assert len(await store.claim(two.id, 10, "token-a", NOW + LEASE, NOW)) == 2
+    assert len(await take(store, two, 10, "token-a", NOW + LEASE, NOW)) == 2
 
 
 async def test_concurrent_claims_never_share_an_item(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 40)
     tokens = [f"token-{n}" for n in range(12)]
-    claims = await asyncio.gather(
-        *(store.claim(batch.id, 4, token, NOW + LEASE, NOW) for token in tokens)
-    )
+    claims: list[list[ClaimedItem]] = [[] for _ in tokens]
+    # Concurrent claimers skip a chunk another one holds, so it takes a few rounds.
+    while sum(map(len, claims)) < 40:
+        rounds = await asyncio.gather(
+            *(take(store, batch, 4, token, NOW + LEASE, NOW) for token in tokens)
+        )
+        assert any(rounds)
+        for mine, got in zip(claims, rounds, strict=True):
+            mine += got
     owned = [c.idx for claimed in claims for c in claimed]
     assert sorted(owned) == list(range(40))
     # Every claimer can write what it got, and only that.
@@ -305,11 +335,14 @@ async def test_concurrent_claims_never_share_an_item(store: SqlStore) -> None:
 async def test_an_expired_lease_is_claimed_by_another_token(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 2)
-    assert len(await store.claim(batch.id, 2, "token-a", NOW + LEASE, NOW)) == 2
+    assert len(await take(store, batch, 2, "token-a", NOW + LEASE, NOW)) == 2
     # Still leased: nobody else gets it.
-    assert await store.claim(batch.id, 2, "token-b", NOW + 2 * LEASE, NOW + LEASE - 1) == []
+    assert await take(store, batch, 2, "token-b", NOW + 2 * LEASE, NOW + LEASE - 1) == []
     later = NOW + LEASE + 1
-    taken = await store.claim(batch.id, 2, "token-b", later + LEASE, later)
+    # Expired leases go back to the queue by the sweep, not by the claim.
+    assert await take(store, batch, 2, "token-b", later + LEASE, later) == []
+    assert await store.requeue_expired(later) == 2
+    taken = await take(store, batch, 2, "token-b", later + LEASE, later)
     assert [c.idx for c in taken] == [0, 1]
     assert await store.live_leases(batch.id, later) == 2
 
@@ -317,9 +350,10 @@ async def test_an_expired_lease_is_claimed_by_another_token(store: SqlStore) -> 
 async def test_late_writer_is_fenced_after_takeover(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 1)
-    [item] = await store.claim(batch.id, 1, "token-a", NOW + LEASE, NOW)
+    [item] = await take(store, batch, 1, "token-a", NOW + LEASE, NOW)
     later = NOW + LEASE + 1
-    [again] = await store.claim(batch.id, 1, "token-b", later + LEASE, later)
+    await store.requeue_expired(later)
+    [again] = await take(store, batch, 1, "token-b", later + LEASE, later)
     assert again.idx == item.idx
 
     assert await store.write_results([ok(item, "token-a", b"from-a")]) == [False]
@@ -336,7 +370,7 @@ async def test_late_writer_is_fenced_after_takeover(store: SqlStore) -> None:
 async def test_write_results_counts_each_item_exactly_once(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 4)
-    items = await store.claim(batch.id, 4, "token-a", NOW + LEASE, NOW)
+    items = await take(store, batch, 4, "token-a", NOW + LEASE, NOW)
     flags = await store.write_results(
         [ok(items[0], "token-a"), bad(items[1], "token-a"), ok(items[0], "token-a")]
     )
@@ -353,14 +387,16 @@ async def test_write_results_counts_each_item_exactly_once(store: SqlStore) -> N
     assert await store.write_results([ok(items[2], "token-a", tin=10, tout=20)]) == [True]
     assert await counts(store, batch) == (2, 1, 13, 25)
     # Done items are never claimed again.
-    assert [c.idx for c in await store.claim(batch.id, 10, "token-b", NOW * 2, NOW * 2)] == [3]
+    later = NOW + LEASE + 1
+    await store.requeue_expired(later)
+    assert [c.idx for c in await take(store, batch, 10, "token-b", later + LEASE, later)] == [3]
 
 
 async def test_write_results_across_batches(store: SqlStore) -> None:
     org = await make_org(store)
     one, two = await make_batch(store, org, 1), await make_batch(store, org, 1)
-    [a] = await store.claim(one.id, 1, "token-a", NOW + LEASE, NOW)
-    [b] = await store.claim(two.id, 1, "token-a", NOW + LEASE, NOW)
+    [a] = await take(store, one, 1, "token-a", NOW + LEASE, NOW)
+    [b] = await take(store, two, 1, "token-a", NOW + LEASE, NOW)
     assert await store.write_results([ok(a, "token-a"), bad(b, "token-a")]) == [True, True]
     assert await counts(store, one) == (1, 0, 3, 5)
     assert await counts(store, two) == (0, 1, 0, 0)
@@ -369,13 +405,13 @@ async def test_write_results_across_batches(store: SqlStore) -> None:
 async def test_close_unfinished_fences_leased_items(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 4)
-    items = await store.claim(batch.id, 3, "token-a", NOW + LEASE, NOW)
+    items = await take(store, batch, 3, "token-a", NOW + LEASE, NOW)
     assert await store.write_results([ok(items[0], "token-a")]) == [True]
     # Items 1 and 2 are leased (in flight), item 3 is queued.
     assert await store.close_unfinished(batch.id, "batch_cancelled") == 3
     assert await store.live_leases(batch.id, NOW) == 0
     assert await store.write_results([ok(items[1], "token-a")]) == [False]
-    assert await store.claim(batch.id, 10, "token-b", NOW * 2, NOW * 2) == []
+    assert await take(store, batch, 10, "token-b", NOW * 2, NOW * 2) == []
     assert await counts(store, batch) == (1, 3, 3, 5)
     results = await all_results(store, batch.id)
     assert [(r.idx, r.ok, r.error_code) for r in results] == [
@@ -392,12 +428,12 @@ async def test_close_unfinished_fences_leased_items(store: SqlStore) -> None:
 async def test_release_puts_an_item_back(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 2)
-    [first, _] = await store.claim(batch.id, 2, "token-a", NOW + LEASE, NOW)
+    [first, _] = await take(store, batch, 2, "token-a", NOW + LEASE, NOW)
     await store.release(batch.id, first.idx, "token-wrong")
-    assert await store.claim(batch.id, 2, "token-b", NOW + LEASE, NOW) == []
+    assert await take(store, batch, 2, "token-b", NOW + LEASE, NOW) == []
     await store.release(batch.id, first.idx, "token-a")
     assert await store.live_leases(batch.id, NOW) == 1
-    [again] = await store.claim(batch.id, 2, "token-b", NOW + LEASE, NOW)
+    [again] = await take(store, batch, 2, "token-b", NOW + LEASE, NOW)
     assert again.idx == first.idx
     assert await store.write_results([ok(first, "token-a")]) == [False]
     assert await store.write_results([ok(again, "token-b")]) == [True]
@@ -406,10 +442,11 @@ async def test_release_puts_an_item_back(store: SqlStore) -> None:
 async def test_renewed_leases_are_not_taken_over(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 2)
-    items = await store.claim(batch.id, 2, "token-a", NOW + LEASE, NOW)
+    items = await take(store, batch, 2, "token-a", NOW + LEASE, NOW)
     await store.renew_leases("token-a", NOW + 10 * LEASE, {batch.id: [i.idx for i in items]})
     later = NOW + 2 * LEASE
-    assert await store.claim(batch.id, 2, "token-b", later + LEASE, later) == []
+    assert await store.requeue_expired(later) == 0
+    assert await take(store, batch, 2, "token-b", later + LEASE, later) == []
     assert await store.live_leases(batch.id, later) == 2
     assert await store.write_results([ok(i, "token-a") for i in items]) == [True, True]
 
@@ -417,10 +454,10 @@ async def test_renewed_leases_are_not_taken_over(store: SqlStore) -> None:
 async def test_release_all_leases_requeues_everything(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 3)
-    held = await store.claim(batch.id, 3, "token-a", NOW + LEASE, NOW)
+    held = await take(store, batch, 3, "token-a", NOW + LEASE, NOW)
     await store.release_all_leases()
     assert await store.live_leases(batch.id, NOW) == 0
-    assert [c.idx for c in await store.claim(batch.id, 3, "token-b", NOW + LEASE, NOW)] == [
+    assert [c.idx for c in await take(store, batch, 3, "token-b", NOW + LEASE, NOW)] == [
         0,
         1,
         2,
@@ -432,7 +469,7 @@ async def test_iter_results_pages_in_index_order(store: SqlStore) -> None:
     org = await make_org(store)
     total = 2345
     batch = await make_batch(store, org, total)
-    claimed = await store.claim(batch.id, total, "token-a", NOW + LEASE, NOW)
+    claimed = await take(store, batch, total, "token-a", NOW + LEASE, NOW)
     assert len(claimed) == total
     flags = await store.write_results(
         [

@@ -89,6 +89,8 @@ class UsageEngine:
     def __init__(self) -> None:
         self.booms = 0
 
+    models = (SIM_MODEL,)
+
     def serves(self, model: str) -> bool:
         return model == SIM_MODEL
 

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from backfill.domain.input_format import Limits, LineError
+
+
+@dataclass(frozen=True, slots=True)
+class LineRef:
+    """Where one request line of an accepted input file lies, and its custom_id."""
+
+    idx: int
+    offset: int
+    length: int
+    custom_id: str
 
 
 class LineSplitter:

@@ -6,10 +6,21 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import dataclass
 
-from backfill.ports import BatchRecord, ClaimedItem, Engine
+from backfill.ports import ClaimedItem, Engine, WorkBatch
+from backfill.runner.inputs import ClaimInput
 
 log = logging.getLogger("backfill.runner")
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A claimed request waiting for a free slot of its engine."""
+
+    batch: WorkBatch
+    item: ClaimedItem
+    input: ClaimInput
 
 
 class EngineSlot:
@@ -20,7 +31,7 @@ class EngineSlot:
         self.in_flight = 0
         self.healthy = False
         # Claimed items waiting for a free slot: a quarter of the slots' worth at most.
-        self.backlog: deque[tuple[BatchRecord, ClaimedItem]] = deque()
+        self.backlog: deque[Queued] = deque()
         self.prefetch = max(1, engine.max_concurrency // 4)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 
 from backfill.domain.results import ERROR_MESSAGES, error_row
 from backfill.ports import BatchRecord, BlobStore, Clock, FileRecord, Sealer, Store
@@ -30,7 +31,16 @@ class Finalizer:
         self._clock = clock
         self._output_ttl_s = output_ttl_s
 
-    async def finalize(self, batch: BatchRecord, expected: str, terminal: str) -> bool:
+    async def finalize(
+        self,
+        batch: BatchRecord,
+        expected: str,
+        terminal: str,
+        *,
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> bool:
+        if before is not None:
+            await before()
         out_id = result_file_id(batch.id, "output")
         err_id = result_file_id(batch.id, "error")
         out = await self._blobs.writer(content_key(out_id))

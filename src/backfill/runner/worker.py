@@ -31,17 +31,19 @@ from backfill.ports import (
     ItemResult,
     Sealer,
     Store,
+    WorkBatch,
 )
-from backfill.runner.engines import EnginePool, EngineSlot
+from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.finalize import Finalizer, result_context
 from backfill.runner.gpu_meter import GpuMeter
+from backfill.runner.inputs import ClaimInput
 from backfill.runner.replies import json_or_text, usage_of
 from backfill.runner.results import ResultWriter
 from backfill.runner.retry import backoff_s, is_transient
 from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
-from backfill.services.files import FileService, content_key
+from backfill.services.files import FileService
 from backfill.services.retention import Janitor
 
 log = logging.getLogger("backfill.runner")
@@ -50,6 +52,10 @@ REPEATED_FAILURE = (
     "This request failed repeatedly inside Backfill (not at the engine) and was given up so "
     "its batch could finish; submit it again."
 )
+
+
+# A finalize that failed (storage, the database) is tried again after this long.
+_REFINALIZE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,6 @@ class WorkerConfig:
     janitor_interval_s: float = 60.0
     output_ttl_s: int = 7 * 24 * 3600
     dispatch_gather_s: float = 0.005
-    batch_refresh_s: float = 0.25
     # Only a worker that is alone on its database may take back every lease at start.
     sole_worker: bool = False
     # A batch still ``validating`` this long after its creation is started by the lifecycle:
@@ -122,14 +127,15 @@ class Worker:
         )
         self._loops: list[asyncio.Task[None]] = []
         self._rng = random.Random()
-        self._batches: list[BatchRecord] = []
-        self._batches_read_at = float("-inf")
         self._background: set[asyncio.Task[None]] = set()
+        # Finalizes (and expiries) running now, by batch: off the lifecycle loop, so a big one
+        # does not hold up the others' cancels and deadlines.
+        self._finalizing: dict[str, asyncio.Task[None]] = {}
+        self._finalize_after: dict[str, float] = {}
         self._stopping = asyncio.Event()
         # Orgs whose GPU-time batches wait for credit (SPEC §7.4).
         self._paused_orgs: set[str] = set()
         self._deployments: dict[str, CatalogModel | None] = {}
-        self._org_turn = 0
         self._validating = ValidatingTakeover(
             store,
             BatchStarter(store, files, clock),
@@ -157,7 +163,7 @@ class Worker:
         # leave SQLite locked for the next process on the same data directory.
         self._stopping.set()
         self._freed.set()
-        busy = [*self._loops, *self._validating.tasks]
+        busy = [*self._loops, *self._validating.tasks, *self._finalizing.values()]
         _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
         for task in late:
             task.cancel()
@@ -193,9 +199,12 @@ class Worker:
         for receipt in self._meter.take():
             await self._store.charge_gpu_time(receipt)
             charged.add(receipt.org_id)
-        if charged:
-            balances = await self._store.balances(sorted(charged))
-            self._paused_orgs |= {org for org, balance in balances.items() if balance <= 0}
+        # Orgs paused before are looked at again: credit added since lets them run. (Claims
+        # skip an org without credit by themselves; this drops what was claimed before.)
+        watched = charged | self._paused_orgs
+        if watched:
+            balances = await self._store.balances(sorted(watched))
+            self._paused_orgs = {org for org in watched if balances.get(org, 0) <= 0}
 
     async def _guard(self, name: str, loop: Any) -> None:
         """Keep a loop alive through unexpected errors (the database may blip)."""
@@ -226,105 +235,64 @@ class Worker:
                 # Let slots that free up together be refilled by one claim, not one each.
                 await asyncio.sleep(self._config.dispatch_gather_s)
 
-    async def _active_batches(self, now: float) -> list[BatchRecord]:
-        """In-progress batches, re-read at most every ``batch_refresh_s``; the claim itself
-        re-checks the status, so a cancelled batch is never claimed from."""
-        # Cadence by the machine's monotonic time: the Clock port may be a test's frozen clock.
-        if time.monotonic() - self._batches_read_at >= self._config.batch_refresh_s:
-            self._batches = await self._store.batches_in([BatchStatus.IN_PROGRESS])
-            self._batches_read_at = time.monotonic()
-            live = {b.id for b in self._batches}
-            for slot in self._pool.slots:
-                self._drop_backlog(slot, lambda batch: batch.id not in live)
-        return [b for b in self._batches if b.expires_at > now]
-
     async def dispatch_once(self) -> int:
-        slots = [s for s in self._pool.slots if s.wanted >= s.claim_threshold]
-        if not slots:
-            return 0
-        now = self._clock.now()
-        batches = await self._active_batches(now)
-        # GPU-time batches pause while their org has no credit left (SPEC §7.4).
-        metered = {b.org_id for b in batches if b.billing == "gpu_time"}
-        if metered:
-            balances = await self._store.balances(sorted(metered))
-            self._paused_orgs = {org for org in metered if balances.get(org, 0) <= 0}
-            batches = [
-                b for b in batches if b.billing != "gpu_time" or b.org_id not in self._paused_orgs
-            ]
-        else:
-            self._paused_orgs = set()
-        claimed = 0
-        for slot in slots:
-            candidates = [b for b in batches if slot.engine.serves(b.model)]
-            if candidates:
-                claimed += await self._fill(slot, candidates, now)
-        return claimed
-
-    async def _fill(self, slot: EngineSlot, batches: list[BatchRecord], now: float) -> int:
-        """Claim for one engine: orgs take turns; within an org the earliest deadline first.
+        """Claim for each engine that wants work. The claim chooses what runs next (fair
+        across orgs, earliest deadline first), so the worker never lists batches.
 
         A few more items than free slots are claimed into the slot's backlog, so a request that
         ends is followed at once by the next, without waiting for a claim round trip.
         """
-        by_org: dict[str, list[BatchRecord]] = defaultdict(list)
-        for batch in batches:  # already ordered by expires_at
-            by_org[batch.org_id].append(batch)
-        orgs = list(by_org)
-        self._org_turn = (self._org_turn + 1) % len(orgs)
-        orgs = orgs[self._org_turn :] + orgs[: self._org_turn]
         claimed = 0
-        for position, org in enumerate(orgs):
-            share = -(-slot.wanted // (len(orgs) - position))
-            for batch in by_org[org]:
-                if share <= 0:
-                    break
-                items = await self._store.claim(
-                    batch.id, share, self._token, now + self._config.lease_s, now
-                )
-                slot.backlog.extend((batch, item) for item in items)
-                share -= len(items)
-                claimed += len(items)
-        self._start_backlog(slot)
+        for slot in self._pool.slots:
+            if slot.wanted < slot.claim_threshold:
+                continue
+            now = self._clock.now()
+            claims = await self._store.claim(
+                slot.engine.models, slot.wanted, self._token, now + self._config.lease_s, now
+            )
+            for claim in claims:
+                read = ClaimInput(self._blobs, claim)
+                slot.backlog.extend(Queued(claim.batch, item, read) for item in claim.items)
+                claimed += len(claim.items)
+            self._start_backlog(slot)
         return claimed
 
     def _start_backlog(self, slot: EngineSlot) -> None:
         if self._paused_orgs:
             self._drop_backlog(slot, self._is_paused)
         while slot.free > 0 and slot.backlog:
-            batch, item = slot.backlog.popleft()
+            queued = slot.backlog.popleft()
             slot.in_flight += 1
-            self._spawn(slot, batch, item)
+            self._spawn(slot, queued)
 
-    def _is_paused(self, batch: BatchRecord) -> bool:
+    def _is_paused(self, batch: WorkBatch) -> bool:
         return batch.billing == "gpu_time" and batch.org_id in self._paused_orgs
 
-    def _drop_backlog(self, slot: EngineSlot, stop: Callable[[BatchRecord], bool]) -> None:
+    def _drop_backlog(self, slot: EngineSlot, stop: Callable[[WorkBatch], bool]) -> None:
         """Give back claimed, unstarted items of batches that must not start more work."""
-        keep: deque[tuple[BatchRecord, ClaimedItem]] = deque()
-        for batch, item in slot.backlog:
-            if stop(batch):
-                release = self._release(batch.id, item.idx, None)
+        keep: deque[Queued] = deque()
+        for queued in slot.backlog:
+            if stop(queued.batch):
+                release = self._release(queued.batch.id, queued.item.idx, None)
                 task = asyncio.create_task(release)
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             else:
-                keep.append((batch, item))
+                keep.append(queued)
         slot.backlog = keep
 
     def note_created(self, _batch_id: str) -> None:
         """Called when a batch is created in this process: look for work now."""
-        self._batches_read_at = float("-inf")
         self._freed.set()
 
     def stop_starting(self, batch_id: str) -> None:
         """Called when a batch is cancelled in this process: nothing of it starts any more."""
-        self._batches = [b for b in self._batches if b.id != batch_id]
         for slot in self._pool.slots:
             self._drop_backlog(slot, lambda other: other.id == batch_id)
 
-    def _spawn(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
-        task = asyncio.create_task(self._run_item(slot, batch, item))
+    def _spawn(self, slot: EngineSlot, queued: Queued) -> None:
+        batch, item = queued.batch, queued.item
+        task = asyncio.create_task(self._run_item(slot, queued))
         tasks = self._tasks[batch.id]
         tasks.add(task)
         running = self._running[batch.id]
@@ -344,7 +312,8 @@ class Worker:
             self._deployments[model] = await self._catalog.find(model)
         return self._deployments[model]
 
-    async def _run_item(self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem) -> None:
+    async def _run_item(self, slot: EngineSlot, queued: Queued) -> None:
+        batch, item = queued.batch, queued.item
         released = False
         metered: CatalogModel | None = None
 
@@ -364,9 +333,7 @@ class Worker:
                 if metered is not None:
                     self._meter.begin(metered, batch.org_id)
             try:
-                raw = await self._blobs.read(
-                    content_key(batch.input_file_id), item.offset, item.offset + item.length
-                )
+                raw = await queued.input.line(item)
             except Exception as exc:
                 if not is_permanent(exc):
                     raise
@@ -407,7 +374,7 @@ class Worker:
             if metered is not None:
                 self._meter.end(metered.id)
 
-    async def _give_up(self, batch: BatchRecord, item: ClaimedItem) -> bool:
+    async def _give_up(self, batch: WorkBatch, item: ClaimedItem) -> bool:
         """End a request that keeps failing inside Backfill with an error row, so its batch
         can finish; False when even that cannot be stored (it is released and retried)."""
         row = error_row(item.custom_id, "internal_error", REPEATED_FAILURE)
@@ -417,7 +384,7 @@ class Worker:
             return False
         return True
 
-    async def _put_outcome(self, batch: BatchRecord, item: ClaimedItem, outcome: _Outcome) -> None:
+    async def _put_outcome(self, batch: WorkBatch, item: ClaimedItem, outcome: _Outcome) -> None:
         """Seal the request's row and store it durably (settling its charge)."""
         await self._results.put(
             ItemResult(
@@ -442,7 +409,7 @@ class Worker:
             self._unreleased[(batch_id, idx)] = not_before
 
     async def _attempts(
-        self, slot: EngineSlot, batch: BatchRecord, item: ClaimedItem, body: dict[str, Any]
+        self, slot: EngineSlot, batch: WorkBatch, item: ClaimedItem, body: dict[str, Any]
     ) -> _Outcome | None:
         engine = slot.engine
         attempt = 0
@@ -489,7 +456,7 @@ class Worker:
             self._metrics.retries.labels(engine.name, reason).inc()
             await asyncio.sleep(delay)
 
-    def _success(self, batch: BatchRecord, item: ClaimedItem, raw: bytes) -> _Outcome:
+    def _success(self, batch: WorkBatch, item: ClaimedItem, raw: bytes) -> _Outcome:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -538,8 +505,8 @@ class Worker:
         for batch_id, running in self._running.items():
             held[batch_id] |= running
         for slot in self._pool.slots:
-            for batch, item in slot.backlog:
-                held[batch.id].add(item.idx)
+            for queued in slot.backlog:
+                held[queued.batch.id].add(queued.item.idx)
         if held:
             await self._store.renew_leases(
                 self._token, self._clock.now() + self._config.lease_s, held
@@ -558,46 +525,57 @@ class Worker:
                 await self.charge_gpu_time()
             if now - last_sweep >= self._config.janitor_interval_s:
                 last_sweep = now
+                await self._store.finish_drained(int(now))
                 await self._janitor.sweep()
             await self._pause(self._config.lifecycle_interval_s)
 
     async def lifecycle_once(self) -> None:
+        """One pass over the batches that need a decision; the finalizes it starts run in the
+        background (one per batch here, and one across workers: the finalize lease)."""
         now = self._clock.now()
-        active = [
-            BatchStatus.VALIDATING,
-            BatchStatus.IN_PROGRESS,
-            BatchStatus.CANCELLING,
-            BatchStatus.FINALIZING,
-        ]
-        for batch in await self._store.batches_in(active):
+        await self._store.requeue_expired(now)
+        for batch in await self._store.lifecycle_batches(now):
             status = BatchStatus(batch.status)
             if status == BatchStatus.VALIDATING:
                 self._validating.see(batch, now)
                 continue
-            local = self._tasks.get(batch.id)
-            if status == BatchStatus.CANCELLING or (
-                status == BatchStatus.IN_PROGRESS and now >= batch.expires_at
+            if batch.id in self._finalizing or time.monotonic() < self._finalize_after.get(
+                batch.id, 0.0
             ):
+                continue
+            expired = status != BatchStatus.FINALIZING and now >= batch.expires_at
+            if status == BatchStatus.CANCELLING or expired:
                 self.stop_starting(batch.id)
-            if status != BatchStatus.FINALIZING and now >= batch.expires_at:
+            if expired:
                 await self._abandon(batch.id)
-                await self._store.close_unfinished(batch.id, "batch_expired")
-                await self._finalizer.finalize(batch, status, BatchStatus.EXPIRED)
+                self._finalize(batch, status, BatchStatus.EXPIRED, closing="batch_expired")
             elif status == BatchStatus.CANCELLING:
-                if not local and await self._store.live_leases(batch.id, now) == 0:
-                    await self._store.close_unfinished(batch.id, "batch_cancelled")
-                    await self._finalizer.finalize(batch, status, BatchStatus.CANCELLED)
-            elif status == BatchStatus.IN_PROGRESS:
-                if batch.completed + batch.failed >= batch.total and not local:
-                    moved = await self._store.transition(
-                        batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, int(now)
-                    )
-                    if moved:
-                        await self._finalizer.finalize(
-                            batch, BatchStatus.FINALIZING, BatchStatus.COMPLETED
-                        )
+                if not self._tasks.get(batch.id) and not await self._store.live_leases(
+                    batch.id, now
+                ):
+                    self._finalize(batch, status, BatchStatus.CANCELLED, closing="batch_cancelled")
+            elif status == BatchStatus.FINALIZING:
+                self._finalize(batch, status, BatchStatus.COMPLETED)
+
+    def _finalize(
+        self, batch: BatchRecord, status: str, terminal: str, closing: str | None = None
+    ) -> None:
+        async def close() -> None:
+            if closing is not None:
+                await self._store.close_unfinished(batch.id, closing)
+
+        async def run() -> None:
+            try:
+                await self._finalizer.finalize(batch, status, terminal, before=close)
+            except Exception:
+                log.exception("finalizing %s failed; trying again in %ss", batch.id, _REFINALIZE_S)
+                self._finalize_after[batch.id] = time.monotonic() + _REFINALIZE_S
             else:
-                await self._finalizer.finalize(batch, status, BatchStatus.COMPLETED)
+                self._finalize_after.pop(batch.id, None)
+
+        task = asyncio.create_task(run(), name=f"finalize-{batch.id}")
+        self._finalizing[batch.id] = task
+        task.add_done_callback(lambda _: self._finalizing.pop(batch.id, None))
 
     async def _abandon(self, batch_id: str) -> None:
         self._failures.forget(batch_id)

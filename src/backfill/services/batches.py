@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from backfill.domain import ids
+from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
 from backfill.domain.input_format import ENDPOINTS
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
@@ -154,8 +155,8 @@ class BatchStarter:
         ``validating`` or its input cannot be read at all (it is failed then). A passing
         storage or database fault is raised."""
         try:
-            async for lines in self._files.lines(batch.input_file_id):
-                if not await self._store.add_items(batch.id, lines):
+            async for chunks in chunked(self._files.lines(batch.input_file_id)):
+                if not await self._store.add_items(batch.id, chunks):
                     return False
         except (ContentUnreadable, NotFound) as exc:
             await self.fail(batch, _unreadable(batch.input_file_id, exc))

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import Limits, LineError, LineValidator
-from backfill.domain.lines import LineSplitter
+from backfill.domain.lines import LineRef, LineSplitter
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
-from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, LineRef, Page, Store
+from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, Page, Store
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"

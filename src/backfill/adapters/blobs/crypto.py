@@ -27,9 +27,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from backfill.domain.chunks import INPUT_SEGMENT_BYTES
+
 MAGIC = b"BFE2"
 LEGACY_MAGIC = b"BFE1"
-SEGMENT = 1024 * 1024
+SEGMENT = INPUT_SEGMENT_BYTES  # chunks of work are cut to these segments
 TAG = 16
 _WRAPPED = 12 + 32 + TAG
 HEADER = len(MAGIC) + 4 + 7 + _WRAPPED

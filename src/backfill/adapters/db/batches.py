@@ -6,12 +6,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, true, update
+from sqlalchemy import Insert, Table, func, insert, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.claims import ChunkState, drop_chunks, open_lane
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
     BATCH_FIELDS,
@@ -21,6 +22,7 @@ from backfill.adapters.db.rows import (
     file_values,
 )
 from backfill.domain import ids
+from backfill.domain.chunks import ChunkRef
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
 from backfill.errors import (
@@ -34,11 +36,11 @@ from backfill.ports import (
     Admission,
     BatchRecord,
     FileRecord,
-    LineRef,
     Page,
 )
 
-_INSERT_CHUNK = 5000
+# Lines per insert transaction: whole chunks are added together.
+_INSERT_LINES = 5000
 _ITEMS_WELCOME = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 
 
@@ -50,6 +52,19 @@ def _unknown_anchor(kind: str, after: str) -> InvalidInput:
         code="invalid_value",
         param="after",
     )
+
+
+def _pages(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
+    """Whole chunks, about ``_INSERT_LINES`` lines per page."""
+    pages: list[list[ChunkRef]] = [[]]
+    lines = 0
+    for chunk in chunks:
+        if lines >= _INSERT_LINES:
+            pages.append([])
+            lines = 0
+        pages[-1].append(chunk)
+        lines += len(chunk.lines)
+    return [page for page in pages if page]
 
 
 class BatchQueries(SqlBase):
@@ -288,28 +303,27 @@ class BatchQueries(SqlBase):
                 retry_after_s=int(wait),
             )
 
-    async def add_items(self, batch_id: str, lines: Sequence[LineRef]) -> bool:
-        for start in range(0, len(lines), _INSERT_CHUNK):
-            chunk = lines[start : start + _INSERT_CHUNK]
-            # Ignoring rows already there lets an interrupted creation be resumed.
-            stmt = (
-                insert(t.items).prefix_with("OR IGNORE")
-                if self.is_sqlite
-                else pg_insert(t.items).on_conflict_do_nothing()
-            )
+    async def add_items(self, batch_id: str, chunks: Sequence[ChunkRef]) -> bool:
+        """Queue whole chunks of lines; rows already there are kept, so an interrupted
+        creation can be resumed from its first line."""
+        b = t.batches
+        for rows in _pages(chunks):
             async with self.writing() as conn:
                 # Items are added only while the batch may still run, checked under the batch
                 # row's lock (PostgreSQL; SQLite has one writer): a cancel, expiry or failure
-                # either waits for this chunk, which it then closes or removes, or comes first
+                # either waits for this page, which it then closes or removes, or comes first
                 # and no item is added past it. A batch is in progress only once all its items
                 # are in, so a late resume adds nothing there.
-                status = select(t.batches.c.status).where(t.batches.c.id == batch_id)
+                query = select(b.c.status, b.c.model, b.c.org_id, b.c.expires_at).where(
+                    b.c.id == batch_id
+                )
                 if not self.is_sqlite:
-                    status = status.with_for_update()
-                if (await conn.execute(status)).scalar() not in _ITEMS_WELCOME:
+                    query = query.with_for_update()
+                batch = (await conn.execute(query)).first()
+                if batch is None or batch.status not in _ITEMS_WELCOME:
                     return False
                 await conn.execute(
-                    stmt,
+                    self._insert_new(t.items),
                     [
                         {
                             "batch_id": batch_id,
@@ -318,11 +332,35 @@ class BatchQueries(SqlBase):
                             "length": line.length,
                             "custom_id": line.custom_id,
                             "state": ItemState.QUEUED,
+                            "chunk": chunk.chunk,
                         }
-                        for line in chunk
+                        for chunk in rows
+                        for line in chunk.lines
+                    ],
+                )
+                await conn.execute(
+                    self._insert_new(t.chunks),
+                    [
+                        {
+                            "batch_id": batch_id,
+                            "chunk": chunk.chunk,
+                            "first_idx": chunk.chunk,
+                            "end_idx": chunk.end_idx,
+                            "model": batch.model,
+                            "org_id": batch.org_id,
+                            "expires_at": batch.expires_at,
+                            "state": ChunkState.READY,
+                        }
+                        for chunk in rows
                     ],
                 )
         return True
+
+    def _insert_new(self, table: Table) -> Insert:
+        """An insert that leaves rows already there alone."""
+        if self.is_sqlite:
+            return insert(table).prefix_with("OR IGNORE")
+        return pg_insert(table).on_conflict_do_nothing()
 
     async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None:
         query = select(t.batches).where(t.batches.c.id == batch_id)
@@ -372,13 +410,23 @@ class BatchQueries(SqlBase):
         column = TIMESTAMP_OF.get(BatchStatus(to))
         if column:
             values[column] = now
+        b = t.batches
         async with self.writing() as conn:
-            result = await conn.execute(
-                update(t.batches)
-                .where(t.batches.c.id == batch_id, t.batches.c.status.in_(list(from_statuses)))
-                .values(**values)
-            )
-        return bool(result.rowcount)
+            moved = (
+                await conn.execute(
+                    update(b)
+                    .where(b.c.id == batch_id, b.c.status.in_(list(from_statuses)))
+                    .values(**values)
+                    .returning(b.c.id, b.c.model, b.c.org_id, b.c.billing)
+                )
+            ).first()
+            if moved is not None:
+                # Its chunks become claimable with the status, or stop being so.
+                if to == BatchStatus.IN_PROGRESS:
+                    await open_lane(conn, moved, self.is_sqlite)
+                elif to != BatchStatus.VALIDATING:
+                    await drop_chunks(conn, batch_id)
+        return moved is not None
 
     async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]:
         async with self.engine.connect() as conn:
@@ -390,3 +438,46 @@ class BatchQueries(SqlBase):
                 )
             ).all()
         return [batch_of(r) for r in rows]
+
+    async def lifecycle_batches(self, now: float) -> list[BatchRecord]:
+        """The batches a lifecycle pass acts on: validating, cancelling or finalizing ones, and
+        in-progress ones past their deadline. Running batches are not read: a claim finds
+        their work, and the result that finishes one moves it to ``finalizing``."""
+        b = t.batches
+        waiting = [BatchStatus.VALIDATING, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
+        async with self.engine.connect() as conn:
+            rows = [
+                *(await conn.execute(select(b).where(b.c.status.in_(waiting)))).all(),
+                *(
+                    await conn.execute(
+                        select(b).where(
+                            b.c.status == BatchStatus.IN_PROGRESS, b.c.expires_at <= now
+                        )
+                    )
+                ).all(),
+            ]
+        return sorted((batch_of(r) for r in rows), key=lambda batch: batch.expires_at)
+
+    async def finish_drained(self, now: int) -> int:
+        """Move in-progress batches whose every line is done to ``finalizing`` (a safety net:
+        the result write that finishes a batch normally does it)."""
+        b = t.batches
+        async with self.engine.connect() as conn:
+            drained = (
+                (
+                    await conn.execute(
+                        select(b.c.id).where(
+                            b.c.status == BatchStatus.IN_PROGRESS,
+                            b.c.completed + b.c.failed >= b.c.total,
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        moved = 0
+        for batch_id in drained:
+            moved += await self.transition(
+                batch_id, [BatchStatus.IN_PROGRESS], BatchStatus.FINALIZING, now
+            )
+        return moved

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.claims import drop_chunks
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
     TERMINAL,
@@ -19,15 +20,12 @@ from backfill.adapters.db.rows import (
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
 from backfill.ports import (
-    ClaimedItem,
     FileRecord,
     ItemResult,
     StoredResult,
 )
 
 _RESULT_PAGE = 1000
-# Items per renewal statement: well under the bind-parameter limits of SQLite and asyncpg.
-_RENEW_CHUNK = 1000
 
 
 class Settling:
@@ -101,81 +99,6 @@ class Settling:
 
 class QueueQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
-
-    async def claim(
-        self, batch_id: str, limit: int, token: str, lease_until: float, now: float
-    ) -> list[ClaimedItem]:
-        i = t.items
-        running = (
-            select(t.batches.c.id)
-            .where(t.batches.c.id == batch_id, t.batches.c.status == BatchStatus.IN_PROGRESS)
-            .exists()
-        )
-        # A queued item may carry a not-before time in lease_until (a release with backoff);
-        # a leased one is taken over once its lease has run out.
-        claimable = and_(
-            i.c.batch_id == batch_id,
-            or_(
-                and_(
-                    i.c.state == ItemState.QUEUED,
-                    or_(i.c.lease_until.is_(None), i.c.lease_until < now),
-                ),
-                and_(i.c.state == ItemState.LEASED, i.c.lease_until < now),
-            ),
-            running,
-        )
-        pick = select(i.c.idx).where(claimable).order_by(i.c.idx).limit(limit)
-        values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
-        returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
-        if self.is_sqlite:
-            stmt = (
-                update(i)
-                .where(i.c.batch_id == batch_id, i.c.idx.in_(pick.scalar_subquery()))
-                .values(**values)
-                .returning(*returning)
-            )
-        else:
-            # A CTE runs once; an IN-subquery may be re-run per row and claim past the limit.
-            picked = pick.with_for_update(skip_locked=True).cte("picked")
-            stmt = (
-                update(i)
-                .where(i.c.batch_id == batch_id, i.c.idx == picked.c.idx)
-                .values(**values)
-                .returning(*returning)
-            )
-        async with self.engine.begin() as conn:
-            rows = (await conn.execute(stmt)).all()
-        return sorted(
-            (ClaimedItem(batch_id, r.idx, r.offset, r.length, r.custom_id) for r in rows),
-            key=lambda c: c.idx,
-        )
-
-    async def renew_leases(
-        self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
-    ) -> None:
-        i = t.items
-        async with self.writing("renewing leases") as conn:
-            for batch_id, idxs in held.items():
-                ordered = sorted(idxs)
-                for start in range(0, len(ordered), _RENEW_CHUNK):
-                    await conn.execute(
-                        update(i)
-                        .where(
-                            i.c.batch_id == batch_id,
-                            i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
-                            i.c.lease_token == token,
-                            i.c.state == ItemState.LEASED,
-                        )
-                        .values(lease_until=lease_until)
-                    )
-
-    async def release_all_leases(self) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                update(t.items)
-                .where(t.items.c.state == ItemState.LEASED)
-                .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
-            )
 
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
@@ -260,22 +183,6 @@ class QueueQueries(SqlBase):
                 held.add((batch_id, row.idx, row.lease_token))
         return held
 
-    async def release(
-        self, batch_id: str, idx: int, token: str, not_before: float | None = None
-    ) -> None:
-        i = t.items
-        async with self.writing("releasing a request") as conn:
-            await conn.execute(
-                update(i)
-                .where(
-                    i.c.batch_id == batch_id,
-                    i.c.idx == idx,
-                    i.c.lease_token == token,
-                    i.c.state == ItemState.LEASED,
-                )
-                .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
-            )
-
     async def live_leases(self, batch_id: str, now: float) -> int:
         i = t.items
         async with self.engine.connect() as conn:
@@ -314,6 +221,10 @@ class QueueQueries(SqlBase):
     async def close_unfinished(self, batch_id: str, error_code: str) -> int:
         i = t.items
         async with self.engine.begin() as conn:
+            # The batch row first: the lock order every writer keeps (see claims.py).
+            lock = select(t.batches.c.id).where(t.batches.c.id == batch_id)
+            if not self.is_sqlite:
+                await conn.execute(lock.with_for_update())
             res = await conn.execute(
                 update(i)
                 .where(i.c.batch_id == batch_id, i.c.state != ItemState.DONE)
@@ -326,6 +237,7 @@ class QueueQueries(SqlBase):
                 )
             )
             closed = int(res.rowcount)
+            await drop_chunks(conn, batch_id)
             if closed:
                 await conn.execute(
                     update(t.batches)
@@ -411,6 +323,7 @@ class QueueQueries(SqlBase):
             if not res.rowcount:
                 return False
             await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
+            await drop_chunks(conn, batch_id)
             await self._release_reservation(conn, batch_id)
         return True
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
-    Boolean,
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,

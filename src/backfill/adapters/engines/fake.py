@@ -18,6 +18,10 @@ class FakeEngine:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.replies: list[EngineReply] = []
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self._models)
+
     def serves(self, model: str) -> bool:
         return model in self._models
 

@@ -55,6 +55,10 @@ class OpenAIHttpEngine:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self._models)
+
     def serves(self, model: str) -> bool:
         return model in self._models
 

@@ -1,0 +1,367 @@
+"""Claims: queued lines leased a chunk at a time, fairly across lanes; lines put back.
+
+Lock order, for every transaction that takes more than one kind of row (PostgreSQL):
+batches → items → chunks → lanes → orgs, each kind in key order. A claim is the one exception
+and cannot deadlock: it skips locked chunks and items (SKIP LOCKED) and waits only for lanes,
+which it takes last, in key order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.domain.lifecycle import ItemState
+from backfill.ports import Claim, ClaimedItem, WorkBatch
+
+# Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
+LANES_PER_CLAIM = 4
+# Lanes looked at per claim: a lane whose every chunk waits (a backoff, a batch just stopped)
+# is passed over; locks are taken only on the chunks a claim returns.
+_LANES_LOOKED_AT = 4 * LANES_PER_CLAIM
+# Items per renewal statement: well under the bind-parameter limits of SQLite and asyncpg.
+_RENEW_CHUNK = 1000
+# Expired leases put back per sweep statement.
+_SWEEP_LIMIT = 5000
+
+
+class ChunkState:
+    READY = 0
+    TAKEN = 1
+
+
+# The fair pick: the least-served lanes of these models that have a chunk to give now, and
+# for each its earliest-deadline ready chunk of a running batch. A GPU-time lane waits while
+# its org has no credit (SPEC §7.4).
+_LANES = """
+    SELECT l.model, l.org_id, l.served FROM lanes l JOIN orgs o ON o.id = l.org_id
+    WHERE l.model IN :models AND l.ready > 0 AND (NOT l.metered OR o.balance > 0)
+"""
+_READY_CHUNK = """
+    SELECT {cols} FROM chunks c
+    WHERE c.model = l.model AND c.org_id = l.org_id AND c.state = 0 AND c.expires_at > :now
+      AND (c.not_before IS NULL OR c.not_before <= :now)
+      AND EXISTS (SELECT 1 FROM batches b WHERE b.id = c.batch_id AND b.status = 'in_progress')
+    ORDER BY c.expires_at, c.batch_id, c.chunk LIMIT 1
+"""
+_BATCH_COLS = "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at"
+_PICK_PG = f"""
+    SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, {_BATCH_COLS}
+    FROM ({_LANES} ORDER BY l.served, l.org_id LIMIT :lanes) l
+    CROSS JOIN LATERAL ({_READY_CHUNK.format(cols="c.*")} FOR UPDATE OF c SKIP LOCKED) c
+    JOIN batches b ON b.id = c.batch_id
+    ORDER BY l.served, l.org_id LIMIT :k
+"""
+# SQLite has one writer, so nothing else changes these rows while the claim's statements run.
+_PICK_SQLITE = f"""
+    SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, {_BATCH_COLS}
+    FROM chunks c JOIN batches b ON b.id = c.batch_id
+    WHERE c.rowid IN (
+        SELECT r FROM (
+            SELECT ({_READY_CHUNK.format(cols="c.rowid")}) AS r
+            FROM ({_LANES} ORDER BY l.served, l.org_id LIMIT :lanes) l
+        ) WHERE r IS NOT NULL LIMIT :k)
+"""
+
+
+class ClaimQueries(SqlBase):
+    async def claim(
+        self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
+    ) -> list[Claim]:
+        """Lease up to ``limit`` queued lines for an engine serving ``models``: chunks of the
+        least-served lanes, lines in index order within each."""
+        if not models or limit <= 0:
+            return []
+        pick = text(_PICK_SQLITE if self.is_sqlite else _PICK_PG).bindparams(
+            bindparam("models", expanding=True)
+        )
+        claims: list[Claim] = []
+        served: Counter[tuple[str, str]] = Counter()
+        drained: Counter[tuple[str, str]] = Counter()
+        async with self.writing("claiming work") as conn:
+            picked = (
+                await conn.execute(
+                    pick,
+                    {
+                        "models": list(models),
+                        "now": now,
+                        "k": LANES_PER_CLAIM,
+                        "lanes": _LANES_LOOKED_AT,
+                    },
+                )
+            ).all()
+            share = -(-limit // len(picked)) if picked else 0
+            for row in sorted(picked, key=lambda r: (r.batch_id, r.chunk)):
+                items = await self._lease_lines(conn, row, share, token, lease_until, now)
+                lane = (row.model, row.org_id)
+                served[lane] += len(items)
+                if await self._settle_chunk(conn, row, now):
+                    drained[lane] += 1
+                if items:
+                    batch = WorkBatch(
+                        id=row.batch_id,
+                        org_id=row.org_id,
+                        model=row.model,
+                        endpoint=row.endpoint,
+                        input_file_id=row.input_file_id,
+                        billing=row.billing,
+                        expires_at=row.batch_expires_at,
+                    )
+                    claims.append(Claim(batch, row.chunk, items))
+            for lane in sorted(served):
+                await conn.execute(
+                    update(t.lanes)
+                    .where(t.lanes.c.model == lane[0], t.lanes.c.org_id == lane[1])
+                    .values(
+                        served=t.lanes.c.served + served[lane],
+                        ready=t.lanes.c.ready - drained[lane],
+                    )
+                )
+        return claims
+
+    async def _lease_lines(
+        self,
+        conn: AsyncConnection,
+        chunk: Any,
+        limit: int,
+        token: str,
+        lease_until: float,
+        now: float,
+    ) -> list[ClaimedItem]:
+        i = t.items
+        # A queued line may carry a not-before time in lease_until (a release with backoff).
+        pick = (
+            select(i.c.idx)
+            .where(
+                i.c.batch_id == chunk.batch_id,
+                i.c.state == ItemState.QUEUED,
+                i.c.idx >= chunk.first_idx,
+                i.c.idx < chunk.end_idx,
+                (i.c.lease_until.is_(None)) | (i.c.lease_until <= now),
+            )
+            .order_by(i.c.idx)
+            .limit(limit)
+        )
+        values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
+        returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
+        if self.is_sqlite:
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == chunk.batch_id, i.c.idx.in_(pick.scalar_subquery()))
+                .values(**values)
+                .returning(*returning)
+            )
+        else:
+            # A CTE runs once (an IN-subquery may be re-run per row and claim past the limit);
+            # lines another transaction holds are skipped, never waited for.
+            picked = pick.with_for_update(skip_locked=True).cte("picked")
+            stmt = (
+                update(i)
+                .where(i.c.batch_id == chunk.batch_id, i.c.idx == picked.c.idx)
+                .values(**values)
+                .returning(*returning)
+            )
+        rows = (await conn.execute(stmt)).all()
+        return sorted(
+            (
+                ClaimedItem(chunk.batch_id, r.idx, r.offset, r.length, r.custom_id, chunk.chunk)
+                for r in rows
+            ),
+            key=lambda c: c.idx,
+        )
+
+    async def _settle_chunk(self, conn: AsyncConnection, chunk: Any, now: float) -> bool:
+        """After a claim: the chunk stays ready while it holds claimable lines, waits for the
+        earliest backoff when all it holds wait, and is taken once it holds none; True then."""
+        i, c = t.items, t.chunks
+        soonest = (
+            await conn.execute(
+                select(func.min(func.coalesce(i.c.lease_until, 0.0))).where(
+                    i.c.batch_id == chunk.batch_id,
+                    i.c.state == ItemState.QUEUED,
+                    i.c.idx >= chunk.first_idx,
+                    i.c.idx < chunk.end_idx,
+                )
+            )
+        ).scalar()
+        if soonest is not None and soonest <= now:
+            return False
+        key = (c.c.batch_id == chunk.batch_id) & (c.c.chunk == chunk.chunk)
+        if soonest is not None:
+            await conn.execute(update(c).where(key).values(not_before=soonest))
+            return False
+        await conn.execute(update(c).where(key).values(state=ChunkState.TAKEN, not_before=None))
+        return True
+
+    async def renew_leases(
+        self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
+    ) -> None:
+        i = t.items
+        async with self.writing("renewing leases") as conn:
+            for batch_id, idxs in sorted(held.items()):
+                ordered = sorted(idxs)
+                for start in range(0, len(ordered), _RENEW_CHUNK):
+                    await conn.execute(
+                        update(i)
+                        .where(
+                            i.c.batch_id == batch_id,
+                            i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
+                            i.c.lease_token == token,
+                            i.c.state == ItemState.LEASED,
+                        )
+                        .values(lease_until=lease_until)
+                    )
+
+    async def release(
+        self, batch_id: str, idx: int, token: str, not_before: float | None = None
+    ) -> None:
+        i = t.items
+        async with self.writing("releasing a request") as conn:
+            chunk = (
+                await conn.execute(
+                    update(i)
+                    .where(
+                        i.c.batch_id == batch_id,
+                        i.c.idx == idx,
+                        i.c.lease_token == token,
+                        i.c.state == ItemState.LEASED,
+                    )
+                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
+                    .returning(i.c.chunk)
+                )
+            ).scalar()
+            if chunk is not None:
+                await _reopen(conn, {(batch_id, chunk): not_before})
+
+    async def requeue_expired(self, now: float) -> int:
+        """Put lines whose lease ran out back in the queue (their worker died or stalled).
+        Reads only leased lines (a partial index), never the batch's history."""
+        i = t.items
+        async with self.writing("requeueing expired leases") as conn:
+            expired = (
+                await conn.execute(
+                    select(i.c.batch_id, i.c.idx, i.c.chunk)
+                    .where(i.c.state == ItemState.LEASED, i.c.lease_until < now)
+                    .order_by(i.c.batch_id, i.c.idx)
+                    .limit(_SWEEP_LIMIT)
+                )
+            ).all()
+            if not expired:
+                return 0
+            moved = (
+                await conn.execute(
+                    update(i)
+                    .where(
+                        tuple_(i.c.batch_id, i.c.idx).in_([(r.batch_id, r.idx) for r in expired]),
+                        i.c.state == ItemState.LEASED,
+                        i.c.lease_until < now,
+                    )
+                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
+                    .returning(i.c.idx)
+                )
+            ).all()
+            chunks = {(r.batch_id, r.chunk): None for r in expired if r.chunk is not None}
+            await _reopen(conn, chunks)
+        return len(moved)
+
+    async def release_all_leases(self) -> None:
+        """At the start of a worker alone on its database: every lease is its own, from before."""
+        now = time.time()
+        async with self.writing("releasing leases") as conn:
+            await conn.execute(
+                update(t.items)
+                .where(t.items.c.state == ItemState.LEASED)
+                .values(lease_until=now - 1)
+            )
+        while await self.requeue_expired(now):
+            pass
+
+
+async def open_lane(conn: AsyncConnection, batch: Any, is_sqlite: bool) -> None:
+    """A batch starts: its lane gains its chunks. A lane that was idle starts level with the
+    least-served busy lane of its model, so it neither waits behind nor floods the others."""
+    ready = (
+        await conn.execute(
+            select(func.count())
+            .select_from(t.chunks)
+            .where(t.chunks.c.batch_id == batch.id, t.chunks.c.state == ChunkState.READY)
+        )
+    ).scalar_one()
+    lanes = t.lanes
+    row = {"model": batch.model, "org_id": batch.org_id, "metered": batch.billing == "gpu_time"}
+    if is_sqlite:
+        await conn.execute(insert(lanes).prefix_with("OR IGNORE").values(**row))
+    else:
+        await conn.execute(pg_insert(lanes).values(**row).on_conflict_do_nothing())
+    level = (
+        select(func.coalesce(func.min(lanes.c.served), 0))
+        .where(lanes.c.model == batch.model, lanes.c.ready > 0)
+        .scalar_subquery()
+    )
+    larger = func.max if is_sqlite else func.greatest
+    await conn.execute(
+        update(lanes)
+        .where(lanes.c.model == batch.model, lanes.c.org_id == batch.org_id)
+        .values(
+            served=larger(lanes.c.served, level),
+            ready=lanes.c.ready + ready,
+            metered=row["metered"],
+        )
+    )
+
+
+async def drop_chunks(conn: AsyncConnection, batch_id: str) -> None:
+    """A batch stops running: its chunks go, and their lanes lose the ready ones."""
+    c = t.chunks
+    # RETURNING reports each row as deleted, after any claim that held it committed, so a
+    # chunk a concurrent claim took is not counted twice.
+    rows = (
+        await conn.execute(
+            delete(c).where(c.c.batch_id == batch_id).returning(c.c.model, c.c.org_id, c.c.state)
+        )
+    ).all()
+    ready = Counter((r.model, r.org_id) for r in rows if r.state == ChunkState.READY)
+    for (model, org_id), n in sorted(ready.items()):
+        await conn.execute(
+            update(t.lanes)
+            .where(t.lanes.c.model == model, t.lanes.c.org_id == org_id)
+            .values(ready=t.lanes.c.ready - n)
+        )
+
+
+async def _reopen(conn: AsyncConnection, chunks: Mapping[tuple[str, int], float | None]) -> None:
+    """Lines of these chunks went back to the queue (with a not-before time, or None): a taken
+    chunk is ready again, and its lane counts it."""
+    c = t.chunks
+    reopened: Counter[tuple[str, str]] = Counter()
+    for (batch_id, chunk), not_before in sorted(chunks.items()):
+        key = (c.c.batch_id == batch_id) & (c.c.chunk == chunk)
+        query = select(c.c.state, c.c.not_before, c.c.model, c.c.org_id).where(key)
+        if conn.dialect.name != "sqlite":
+            query = query.with_for_update()
+        row = (await conn.execute(query)).first()
+        if row is None:
+            continue  # the batch stopped running: its chunks are gone
+        if row.state == ChunkState.TAKEN:
+            await conn.execute(
+                update(c).where(key).values(state=ChunkState.READY, not_before=not_before)
+            )
+            reopened[(row.model, row.org_id)] += 1
+        elif row.not_before is not None:
+            # Ready already: the chunk may be picked from the sooner of the two times.
+            soonest = None if not_before is None else min(row.not_before, not_before)
+            await conn.execute(update(c).where(key).values(not_before=soonest))
+    for (model, org_id), n in sorted(reopened.items()):
+        await conn.execute(
+            update(t.lanes)
+            .where(t.lanes.c.model == model, t.lanes.c.org_id == org_id)
+            .values(ready=t.lanes.c.ready + n)
+        )
