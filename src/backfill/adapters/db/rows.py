@@ -23,6 +23,10 @@ FILE_FIELDS = [f.name for f in fields(FileRecord)]
 
 # The terminal statuses as plain strings, for SQL ``IN`` clauses.
 TERMINAL = sorted(status.value for status in lifecycle.TERMINAL)
+# The others: a positive list, which an index on ``status`` can serve (``NOT IN`` cannot).
+UNFINISHED = sorted(
+    status.value for status in lifecycle.BatchStatus if status not in lifecycle.TERMINAL
+)
 
 
 def prices_of(row: Any) -> Prices | None:
