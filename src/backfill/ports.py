@@ -286,6 +286,15 @@ class StoredResult:
     error_code: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class FinalizeLease:
+    """The answer to ``Store.take_finalize``."""
+
+    taken: bool
+    previous: str | None = None
+    """The token of the holder before this one (its blobs may be left), when taken."""
+
+
 @dataclass(slots=True)
 class Page:
     items: list[Any] = field(default_factory=list)
@@ -454,6 +463,21 @@ class Store(Protocol):
 
     def iter_results(self, batch_id: str) -> AsyncIterator[list[StoredResult]]: ...
 
+    async def take_finalize(
+        self, batch_id: str, statuses: Sequence[str], token: str, until: float, now: float
+    ) -> FinalizeLease:
+        """Take the batch's finalize lease until ``until`` if the batch is in ``statuses`` and
+        the lease is free, expired or ``token``'s already; one statement decides."""
+        ...
+
+    async def renew_finalize(self, batch_id: str, token: str, until: float) -> bool:
+        """Extend the lease while ``token`` still holds it; False once it was taken over."""
+        ...
+
+    async def release_finalize(self, batch_id: str, token: str) -> None:
+        """Let the lease go now (the token stays, for the next holder's cleanup)."""
+        ...
+
     async def publish(
         self,
         batch_id: str,
@@ -462,8 +486,15 @@ class Store(Protocol):
         now: int,
         output: FileRecord,
         errors: FileRecord,
+        *,
+        token: str,
     ) -> bool:
-        """Create the result files and set the terminal status in one transaction."""
+        """Create the result files and set the terminal status in one transaction, only while
+        the batch is ``expected_status`` and ``token`` holds its finalize lease."""
+        ...
+
+    async def take_singleton(self, name: str, holder: str, until: float, now: float) -> bool:
+        """Hold the named lease until ``until`` if it is free, expired or ``holder``'s."""
         ...
 
     async def fail_batch(

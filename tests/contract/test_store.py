@@ -494,9 +494,10 @@ async def test_iter_results_pages_in_index_order(store: SqlStore) -> None:
 async def test_publish_is_conditional_on_the_expected_status(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 1, status=BatchStatus.FINALIZING)
+    assert (await store.take_finalize(batch.id, ["finalizing"], "fin-a", NOW + LEASE, NOW)).taken
     out = file_record(org, "batch_output", batch_id=batch.id)
     err = file_record(org, "batch_output", batch_id=batch.id)
-    assert await store.publish(batch.id, "finalizing", "completed", 42, out, err)
+    assert await store.publish(batch.id, "finalizing", "completed", 42, out, err, token="fin-a")
     got = await store.get_batch(org.id, batch.id)
     assert got is not None
     assert (got.status, got.completed_at) == ("completed", 42)
@@ -507,7 +508,9 @@ async def test_publish_is_conditional_on_the_expected_status(store: SqlStore) ->
     # A second finalizer loses the race and creates nothing.
     out2 = file_record(org, "batch_output", batch_id=batch.id)
     err2 = file_record(org, "batch_output", batch_id=batch.id)
-    assert not await store.publish(batch.id, "finalizing", "completed", 43, out2, err2)
+    assert not await store.publish(
+        batch.id, "finalizing", "completed", 43, out2, err2, token="fin-a"
+    )
     assert await store.get_file(org.id, out2.id) is None
     assert await store.get_file(org.id, err2.id) is None
     got = await store.get_batch(org.id, batch.id)
@@ -520,11 +523,14 @@ async def test_publish_is_atomic(store: SqlStore) -> None:
     batch = await make_batch(store, org, 1, status=BatchStatus.FINALIZING)
     existing = file_record(org, "batch_output")
     await store.create_file(existing)
+    assert (await store.take_finalize(batch.id, ["finalizing"], "fin-a", NOW + LEASE, NOW)).taken
     out = file_record(org, "batch_output", batch_id=batch.id)
     # The error file's id collides, so the second insert fails inside the transaction.
     clash = file_record(org, "batch_output", batch_id=batch.id, id=existing.id)
     try:
-        published = await store.publish(batch.id, "finalizing", "completed", 42, out, clash)
+        published = await store.publish(
+            batch.id, "finalizing", "completed", 42, out, clash, token="fin-a"
+        )
     except Exception:
         published = False
     assert published is False
@@ -534,7 +540,7 @@ async def test_publish_is_atomic(store: SqlStore) -> None:
     assert await store.get_file(org.id, out.id) is None
     # The store is usable afterwards and the real publish goes through.
     err = file_record(org, "batch_output", batch_id=batch.id)
-    assert await store.publish(batch.id, "finalizing", "cancelled", 50, out, err)
+    assert await store.publish(batch.id, "finalizing", "cancelled", 50, out, err, token="fin-a")
     got = await store.get_batch(org.id, batch.id)
     assert got is not None
     assert (got.status, got.cancelled_at) == ("cancelled", 50)

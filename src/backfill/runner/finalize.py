@@ -1,35 +1,100 @@
-"""Build a batch's output and error files from stored results and publish them (SPEC §9.7)."""
+"""Build a batch's output and error files from stored results and publish them (SPEC §9.7).
+
+Every worker sees every batch that is ready to finalize; the batch's finalize lease makes one of
+them do it. Each attempt writes its blobs under keys derived from its lease token, so an attempt
+that lost its lease never touches what another published, and the next holder can find and
+remove what an abandoned attempt left.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 
+from backfill.domain import ids
 from backfill.domain.results import ERROR_MESSAGES, error_row
-from backfill.ports import BatchRecord, BlobStore, Clock, FileRecord, Sealer, Store
+from backfill.ports import BatchRecord, BlobStore, BlobWriter, Clock, FileRecord, Sealer, Store
 from backfill.services.files import OUTPUT_PURPOSE, content_key
 
+log = logging.getLogger("backfill.finalize")
+
 _FLUSH_BYTES = 1024 * 1024
+_KINDS = ("output", "error")
 
 
-def result_file_id(batch_id: str, kind: str) -> str:
-    """Deterministic, so a finalize that is redone after a crash rewrites the same blobs."""
-    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+def result_file_id(batch_id: str, kind: str, attempt: str) -> str:
+    """The file id of one attempt's ``kind`` file: derived, so the attempt's token alone finds
+    its blobs again, and distinct per attempt, so no two attempts write the same key."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}:{attempt}".encode()).hexdigest()[:24]
 
 
 def result_context(batch_id: str, idx: int) -> bytes:
     return f"{batch_id}/{idx}".encode()
 
 
+class LeaseLost(Exception):
+    """Another finalizer took over the batch: this attempt must not publish."""
+
+
+class _Lease:
+    """Renews a held finalize lease every third of its length until stopped."""
+
+    def __init__(
+        self, store: Store, clock: Clock, batch_id: str, token: str, lease_s: float, until: float
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._batch_id = batch_id
+        self._token = token
+        self._lease_s = lease_s
+        self._until = until
+        self.lost = False
+
+    def check(self) -> None:
+        if self.lost:
+            raise LeaseLost(self._batch_id)
+
+    async def keep(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            until = self._clock.now() + self._lease_s
+            try:
+                held = await self._store.renew_finalize(self._batch_id, self._token, until)
+            except Exception as exc:
+                # A database hiccup: the lease is still ours until it runs out; try again.
+                log.warning("could not renew the finalize lease of %s: %r", self._batch_id, exc)
+                held = self._clock.now() < self._until
+                until = self._until
+            if not held:
+                self.lost = True
+                return
+            self._until = until
+
+
 class Finalizer:
     def __init__(
-        self, store: Store, blobs: BlobStore, sealer: Sealer, clock: Clock, output_ttl_s: int
+        self,
+        store: Store,
+        blobs: BlobStore,
+        sealer: Sealer,
+        clock: Clock,
+        output_ttl_s: int,
+        lease_s: float = 120.0,
     ) -> None:
         self._store = store
         self._blobs = blobs
         self._sealer = sealer
         self._clock = clock
         self._output_ttl_s = output_ttl_s
+        self._lease_s = lease_s
+        # Names this finalizer's attempts in the batch row and in their blob keys.
+        self.token = ids.lease_token()
+        # Batches this finalizer is working on: the token is the same for all its attempts, so
+        # the lease alone would let two of its own calls finalize one batch at once.
+        self._busy: set[str] = set()
 
     async def finalize(
         self,
@@ -37,18 +102,84 @@ class Finalizer:
         expected: str,
         terminal: str,
         *,
-        before: Callable[[], Awaitable[None]] | None = None,
+        before: Callable[[], Awaitable[object]] | None = None,
     ) -> bool:
-        if before is not None:
-            await before()
-        out_id = result_file_id(batch.id, "output")
-        err_id = result_file_id(batch.id, "error")
+        """Build and publish ``batch``'s files and move it from ``expected`` to ``terminal``.
+
+        False at once when another finalizer holds the batch's lease (or it left
+        ``expected``); ``before`` runs once the lease is held, before anything is read.
+        """
+        if batch.id in self._busy:
+            return False
+        self._busy.add(batch.id)
+        try:
+            return await self._attempt(batch, expected, terminal, before)
+        finally:
+            self._busy.discard(batch.id)
+
+    async def _attempt(
+        self,
+        batch: BatchRecord,
+        expected: str,
+        terminal: str,
+        before: Callable[[], Awaitable[object]] | None,
+    ) -> bool:
+        now = self._clock.now()
+        until = now + self._lease_s
+        taken = await self._store.take_finalize(batch.id, [expected], self.token, until, now)
+        if not taken.taken:
+            return False
+        if taken.previous is not None and taken.previous != self.token:
+            log.info("finalizing %s, taking over from an attempt whose lease ran out", batch.id)
+            await self._discard(batch.id, taken.previous)
+        lease = _Lease(self._store, self._clock, batch.id, self.token, self._lease_s, until)
+        keeper = asyncio.create_task(lease.keep())
+        # Until publish is sent this attempt's blobs are nobody's: remove them if it stops.
+        # Once it is sent they may be published (a lost reply), so they are left alone.
+        unpublished = True
+        try:
+            if before is not None:
+                await before()
+            out_id = result_file_id(batch.id, "output", self.token)
+            err_id = result_file_id(batch.id, "error", self.token)
+            out_size, err_size = await self._write(batch, out_id, err_id, lease)
+            lease.check()
+            now_s = int(self._clock.now())
+            unpublished = False
+            published = await self._store.publish(
+                batch.id,
+                expected,
+                terminal,
+                now_s,
+                self._record(batch, out_id, "output", out_size, now_s),
+                self._record(batch, err_id, "error", err_size, now_s),
+                token=self.token,
+            )
+            unpublished = not published
+            return published
+        except LeaseLost:
+            log.warning("lost the finalize lease of %s to another worker; not publishing", batch.id)
+            return False
+        finally:
+            keeper.cancel()
+            # wait() neither raises the keeper's cancellation nor swallows one of this task.
+            await asyncio.wait([keeper])
+            if unpublished:
+                await self._discard(batch.id, self.token)
+                with contextlib.suppress(Exception):
+                    # Others may start over at once instead of waiting for the lease to end.
+                    await self._store.release_finalize(batch.id, self.token)
+
+    async def _write(
+        self, batch: BatchRecord, out_id: str, err_id: str, lease: _Lease
+    ) -> tuple[int, int]:
         out = await self._blobs.writer(content_key(out_id))
         err = await self._blobs.writer(content_key(err_id))
         buffers = {True: bytearray(), False: bytearray()}
-        writers = {True: out, False: err}
+        writers: dict[bool, BlobWriter] = {True: out, False: err}
         try:
             async for page in self._store.iter_results(batch.id):
+                lease.check()
                 for r in page:
                     if r.payload is not None:
                         row = self._sealer.open(r.payload, result_context(batch.id, r.idx))
@@ -64,21 +195,20 @@ class Finalizer:
             for ok, buf in buffers.items():
                 if buf:
                     await writers[ok].write(bytes(buf))
-            out_size = await out.commit()
-            err_size = await err.commit()
+            lease.check()
+            return await out.commit(), await err.commit()
         except BaseException:
             await out.abort()
             await err.abort()
             raise
-        now = int(self._clock.now())
-        return await self._store.publish(
-            batch.id,
-            expected,
-            terminal,
-            now,
-            self._record(batch, out_id, "output", out_size, now),
-            self._record(batch, err_id, "error", err_size, now),
-        )
+
+    async def _discard(self, batch_id: str, attempt: str) -> None:
+        """Remove an unpublished attempt's blobs; best effort (the files were never visible)."""
+        for kind in _KINDS:
+            try:
+                await self._blobs.delete(content_key(result_file_id(batch_id, kind, attempt)))
+            except Exception:
+                log.warning("could not remove a blob of an abandoned finalize of %s", batch_id)
 
     def _record(
         self, batch: BatchRecord, file_id: str, kind: str, size: int, now: int

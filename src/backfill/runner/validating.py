@@ -70,9 +70,12 @@ class ValidatingTakeover:
                 # SPEC §4.6: every request of an expired batch gets its batch_expired row, so
                 # the lines are queued first (as the creation would have) and then closed.
                 if await self._starter.queue(batch):
-                    await self._store.close_unfinished(batch.id, "batch_expired")
+
+                    async def close() -> None:
+                        await self._store.close_unfinished(batch.id, "batch_expired")
+
                     await self._finalizer.finalize(
-                        batch, BatchStatus.VALIDATING, BatchStatus.EXPIRED
+                        batch, BatchStatus.VALIDATING, BatchStatus.EXPIRED, before=close
                     )
             elif await self._starter.start(batch):
                 log.info("started %s, which its creation had left validating", batch.id)

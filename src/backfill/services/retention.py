@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import logging
 
+from backfill.domain import ids
 from backfill.ports import Clock, Store
 from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.retention")
 
+# The singleton lease that lets one process at a time sweep for everyone.
+JANITOR = "janitor"
+
 
 class Janitor:
-    def __init__(self, store: Store, files: FileService, clock: Clock) -> None:
+    def __init__(
+        self, store: Store, files: FileService, clock: Clock, lease_s: float = 120.0
+    ) -> None:
         self._store = store
         self._files = files
         self._clock = clock
+        self._lease_s = lease_s
+        self.holder = ids.lease_token()
 
     async def sweep(self, batch_size: int = 200) -> int:
-        """Remove every expired file; returns how many were removed."""
+        """Remove every expired file; returns how many were removed (0 while another process
+        holds the janitor's lease)."""
         removed = 0
         while True:
-            expired = await self._store.expired_files(int(self._clock.now()), batch_size)
+            # Taken before every page: that renews the lease through a long sweep, and every
+            # worker may call this without all of them deleting the same files.
+            now = self._clock.now()
+            if not await self._store.take_singleton(JANITOR, self.holder, now + self._lease_s, now):
+                break
+            expired = await self._store.expired_files(int(now), batch_size)
             for record in expired:
                 await self._files.remove(record)
             removed += len(expired)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Insert, Table, func, insert, select, true, update
+from sqlalchemy import Insert, Table, func, insert, literal_column, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -17,6 +17,7 @@ from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
     BATCH_FIELDS,
     TERMINAL,
+    UNFINISHED,
     batch_of,
     file_of,
     file_values,
@@ -143,13 +144,17 @@ class BatchQueries(SqlBase):
 
     async def expired_files(self, now: int, limit: int) -> list[FileRecord]:
         f, b = t.files, t.batches
-        busy = select(b.c.input_file_id).where(b.c.status.not_in(TERMINAL))
+        # Unfinished batches only, read through ix_batches_status_expires: finished ones
+        # pile up and must not be scanned every sweep.
+        busy = select(b.c.input_file_id).where(b.c.status.in_(UNFINISHED))
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
                     select(f)
                     .where(
-                        f.c.status != "deleted",
+                        # A literal, not a bound parameter: a generic plan of the prepared
+                        # statement must see the partial index's own predicate to use it.
+                        f.c.status != literal_column("'deleted'"),
                         f.c.expires_at <= now,
                         f.c.id.not_in(busy),
                     )

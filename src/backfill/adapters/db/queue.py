@@ -14,13 +14,12 @@ from backfill.adapters.db.claims import drop_chunks
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
     TERMINAL,
-    file_values,
     prices_of,
+    release_reservation,
 )
-from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
+from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
 from backfill.ports import (
-    FileRecord,
     ItemResult,
     StoredResult,
 )
@@ -267,48 +266,6 @@ class QueueQueries(SqlBase):
                 for r in rows
             ]
 
-    async def publish(
-        self,
-        batch_id: str,
-        expected_status: str,
-        status: str,
-        now: int,
-        output: FileRecord,
-        errors: FileRecord,
-    ) -> bool:
-        values: dict[str, Any] = {
-            "status": status,
-            "output_file_id": output.id,
-            "error_file_id": errors.id,
-        }
-        column = TIMESTAMP_OF.get(BatchStatus(status))
-        if column:
-            values[column] = now
-        async with self.engine.begin() as conn:
-            res = await conn.execute(
-                update(t.batches)
-                .where(t.batches.c.id == batch_id, t.batches.c.status == expected_status)
-                .values(**values)
-            )
-            if not res.rowcount:
-                return False
-            for record in (output, errors):
-                await conn.execute(insert(t.files).values(**file_values(record)))
-            await self._release_reservation(conn, batch_id)
-            # Accepted input is removed once its batch is over (SPEC §10.3): the janitor takes
-            # it unless another unfinished batch still reads it.
-            input_id = select(t.batches.c.input_file_id).where(t.batches.c.id == batch_id)
-            await conn.execute(
-                update(t.files)
-                .where(t.files.c.id == input_id.scalar_subquery())
-                .values(
-                    expires_at=func.min(t.files.c.expires_at, now)
-                    if self.is_sqlite
-                    else func.least(t.files.c.expires_at, now)
-                )
-            )
-        return True
-
     async def fail_batch(
         self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
     ) -> bool:
@@ -324,17 +281,5 @@ class QueueQueries(SqlBase):
                 return False
             await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
             await drop_chunks(conn, batch_id)
-            await self._release_reservation(conn, batch_id)
+            await release_reservation(conn, batch_id)
         return True
-
-    async def _release_reservation(self, conn: AsyncConnection, batch_id: str) -> None:
-        """At the terminal state the unspent part of the reservation goes back (SPEC §7.3)."""
-        b = t.batches
-        row = (await conn.execute(select(b.c.org_id, b.c.reserved).where(b.c.id == batch_id))).one()
-        if row.reserved:
-            await conn.execute(update(b).where(b.c.id == batch_id).values(reserved=0))
-            await conn.execute(
-                update(t.orgs)
-                .where(t.orgs.c.id == row.org_id)
-                .values(reserved=t.orgs.c.reserved - row.reserved)
-            )

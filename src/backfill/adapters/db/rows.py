@@ -6,6 +6,10 @@ import time
 from dataclasses import fields
 from typing import Any
 
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from backfill.adapters.db import tables as t
 from backfill.domain import lifecycle
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices
@@ -19,6 +23,10 @@ FILE_FIELDS = [f.name for f in fields(FileRecord)]
 
 # The terminal statuses as plain strings, for SQL ``IN`` clauses.
 TERMINAL = sorted(status.value for status in lifecycle.TERMINAL)
+# The others: a positive list, which an index on ``status`` can serve (``NOT IN`` cannot).
+UNFINISHED = sorted(
+    status.value for status in lifecycle.BatchStatus if status not in lifecycle.TERMINAL
+)
 
 
 def prices_of(row: Any) -> Prices | None:
@@ -55,3 +63,16 @@ def file_values(record: FileRecord) -> dict[str, Any]:
     values = {k: getattr(record, k) for k in FILE_FIELDS}
     values["seq"] = time.time_ns()
     return values
+
+
+async def release_reservation(conn: AsyncConnection, batch_id: str) -> None:
+    """At the terminal state the unspent part of the reservation goes back (SPEC §7.3)."""
+    b = t.batches
+    row = (await conn.execute(select(b.c.org_id, b.c.reserved).where(b.c.id == batch_id))).one()
+    if row.reserved:
+        await conn.execute(update(b).where(b.c.id == batch_id).values(reserved=0))
+        await conn.execute(
+            update(t.orgs)
+            .where(t.orgs.c.id == row.org_id)
+            .values(reserved=t.orgs.c.reserved - row.reserved)
+        )

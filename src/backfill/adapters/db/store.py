@@ -8,9 +8,12 @@ from __future__ import annotations
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
+from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
 from backfill.adapters.db.queue import QueueQueries
 
 
-class SqlStore(AccountQueries, BatchQueries, ClaimQueries, KeyringQueries, QueueQueries):
+class SqlStore(
+    AccountQueries, BatchQueries, ClaimQueries, FinalizeQueries, KeyringQueries, QueueQueries
+):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""
