@@ -25,7 +25,9 @@ from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
+from backfill.domain.chunks import Chunker
 from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
+from backfill.domain.lines import LineRef
 from backfill.ports import (
     Admission,
     BatchRecord,
@@ -33,7 +35,6 @@ from backfill.ports import (
     BlobWriter,
     FileRecord,
     FinalizeLease,
-    LineRef,
     Org,
 )
 from backfill.runner.finalize import Finalizer, result_context, result_file_id
@@ -179,9 +180,9 @@ async def finalizing_batch(store: SqlStore, keyring: Keyring) -> Finalizing:
         total=LINES,
     )
     await store.create_batch(batch, ADMIT_ALL)
-    assert await store.add_items(
-        batch.id, [LineRef(i, i * 100, 100, f"req-{i}") for i in range(LINES)]
-    )
+    chunker = Chunker()
+    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(LINES)]
+    assert await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
     output = b""
     failed = []
     i = t.items
