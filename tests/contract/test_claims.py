@@ -168,3 +168,30 @@ async def test_the_expiry_sweep_reads_only_leased_lines(store: SqlStore) -> None
                 str(row[0]) for row in await conn.execute(text("EXPLAIN " + sql), {"now": NOW})
             )
     assert "ix_items_leased" in plan, plan
+
+
+async def test_lease_renewal_reads_only_the_leases_it_names(store: SqlStore) -> None:
+    """The heartbeat's statement finds its lines by primary key: its cost does not grow with
+    the lines the database has ever held."""
+    org = await make_org(store)
+    batch = await make_batch(store, org, 50)
+    sql = (
+        "UPDATE items SET lease_until = :until WHERE batch_id = :b AND idx IN (1, 2, 3)"
+        " AND lease_token = :t AND state = 1"
+    )
+    params = {"until": NOW, "b": batch.id, "t": "t"}
+    async with store.engine.connect() as conn:
+        if store.is_sqlite:
+            plan = " ".join(
+                str(row[-1])
+                for row in await conn.execute(text("EXPLAIN QUERY PLAN " + sql), params)
+            )
+            assert "SCAN" not in plan, plan
+        else:
+            await conn.execute(text("SET enable_seqscan = off"))
+            plan = " ".join(
+                str(row[0]) for row in await conn.execute(text("EXPLAIN " + sql), params)
+            )
+            # By key, or through the partial index that holds only leased lines.
+            assert any(ix in plan for ix in ("items_pkey", "ix_items_claim", "ix_items_leased"))
+            assert "Seq Scan" not in plan, plan
