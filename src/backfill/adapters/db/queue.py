@@ -31,7 +31,8 @@ _RENEW_CHUNK = 1000
 
 
 class Settling:
-    """Charges of one batch within a result write: receipts, then one update per row."""
+    """Counts and charges of one batch within a result write: receipts, then one batch update;
+    ``charged`` and ``released`` are what its org row owes once all batches are done."""
 
     def __init__(self, row: Any) -> None:
         self.id: str = row.id
@@ -40,7 +41,7 @@ class Settling:
         self.reserved: int = row.reserved
         self.prices = prices_of(row) if row.billing == "catalog" else None
         self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
-        self.charged = 0
+        self.charged = self.released = 0
 
     def add(self, r: ItemResult, now: float) -> dict[str, Any] | None:
         if not r.ok:
@@ -73,10 +74,13 @@ class Settling:
         }
 
     async def apply(self, conn: AsyncConnection) -> None:
+        """Add this write's counts to the batch row (locked since the write's first select).
+        The org row is left to the caller, which updates each org once, in id order, after
+        every batch."""
         if not (self.ok or self.failed):
             return
         b = t.batches
-        release = min(self.charged, self.reserved)
+        self.released = min(self.charged, self.reserved)
         await conn.execute(
             update(b)
             .where(b.c.id == self.id)
@@ -87,16 +91,9 @@ class Settling:
                 output_tokens=b.c.output_tokens + self.tokens_out,
                 cached_tokens=b.c.cached_tokens + self.cached,
                 charged=b.c.charged + self.charged,
-                reserved=b.c.reserved - release,
+                reserved=b.c.reserved - self.released,
             )
         )
-        if self.charged:
-            o = t.orgs
-            await conn.execute(
-                update(o)
-                .where(o.c.id == self.org_id)
-                .values(balance=o.c.balance - self.charged, reserved=o.c.reserved - release)
-            )
 
 
 class QueueQueries(SqlBase):
@@ -180,19 +177,30 @@ class QueueQueries(SqlBase):
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
         b = t.batches
+        o = t.orgs
         now = time.time()
+        # Every group commit takes its row locks in one global order (batches by id, their
+        # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
+        # queue behind each other instead of deadlocking: a rolled-back group would cost the
+        # whole group's compute again.
         async with self.writing("storing results") as conn:
             batch_ids = sorted({r.batch_id for r in results})
-            query = select(
-                b.c.id,
-                b.c.org_id,
-                b.c.billing,
-                b.c.model_config_id,
-                b.c.reserved,
-                b.c.price_input,
-                b.c.price_cached_input,
-                b.c.price_output,
-            ).where(b.c.id.in_(batch_ids))
+            query = (
+                select(
+                    b.c.id,
+                    b.c.org_id,
+                    b.c.billing,
+                    b.c.model_config_id,
+                    b.c.reserved,
+                    b.c.price_input,
+                    b.c.price_cached_input,
+                    b.c.price_output,
+                )
+                .where(b.c.id.in_(batch_ids))
+                # Rows are locked in the order they are returned; without ORDER BY that is scan
+                # order, which changes as the rows are updated.
+                .order_by(b.c.id)
+            )
             if not self.is_sqlite:
                 query = query.with_for_update()
             batches = {row.id: Settling(row) for row in (await conn.execute(query)).all()}
@@ -202,7 +210,10 @@ class QueueQueries(SqlBase):
                 key = (r.batch_id, r.idx, r.lease_token)
                 flags.append(key in held)
                 held.discard(key)  # a second result for the same item in one write loses
-            accepted = [r for r, ok in zip(results, flags, strict=True) if ok]
+            accepted = sorted(
+                (r for r, ok in zip(results, flags, strict=True) if ok),
+                key=lambda r: (r.batch_id, r.idx),
+            )
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
@@ -237,22 +248,45 @@ class QueueQueries(SqlBase):
                 ]
                 if receipts:
                     await conn.execute(insert(t.receipts), receipts)
-            for settling in batches.values():
+            owed: dict[str, tuple[int, int]] = {}
+            for batch_id in sorted(batches):
+                settling = batches[batch_id]
                 await settling.apply(conn)
+                if settling.charged:
+                    charged, released = owed.get(settling.org_id, (0, 0))
+                    owed[settling.org_id] = (
+                        charged + settling.charged,
+                        released + settling.released,
+                    )
+            # One update per org, the hottest rows of all, taken last and held shortest.
+            for org_id in sorted(owed):
+                charged, released = owed[org_id]
+                await conn.execute(
+                    update(o)
+                    .where(o.c.id == org_id)
+                    .values(balance=o.c.balance - charged, reserved=o.c.reserved - released)
+                )
         return flags
 
     async def _held_leases(
         self, conn: AsyncConnection, results: Sequence[ItemResult]
     ) -> set[tuple[str, int, str]]:
-        """Which of these results' items are still leased with the token they carry."""
+        """Which of these results' items are still leased with the token they carry; on
+        PostgreSQL their rows are locked, batch by batch in id order and by idx within one."""
         i = t.items
         held: set[tuple[str, int, str]] = set()
-        by_batch: dict[str, list[int]] = {}
+        by_batch: dict[str, set[int]] = {}
         for r in results:
-            by_batch.setdefault(r.batch_id, []).append(r.idx)
-        for batch_id, idxs in by_batch.items():
-            query = select(i.c.idx, i.c.lease_token).where(
-                i.c.batch_id == batch_id, i.c.idx.in_(idxs), i.c.state == ItemState.LEASED
+            by_batch.setdefault(r.batch_id, set()).add(r.idx)
+        for batch_id in sorted(by_batch):
+            query = (
+                select(i.c.idx, i.c.lease_token)
+                .where(
+                    i.c.batch_id == batch_id,
+                    i.c.idx.in_(sorted(by_batch[batch_id])),
+                    i.c.state == ItemState.LEASED,
+                )
+                .order_by(i.c.idx)
             )
             if not self.is_sqlite:
                 query = query.with_for_update()
