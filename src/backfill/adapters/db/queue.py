@@ -73,27 +73,42 @@ class Settling:
             "created_at": now,
         }
 
-    async def apply(self, conn: AsyncConnection) -> None:
-        """Add this write's counts to the batch row (locked since the write's first select).
-        The org row is left to the caller, which updates each org once, in id order, after
-        every batch."""
+    async def apply(self, conn: AsyncConnection, now: float) -> None:
+        """Add this write's counts to the batch row (locked since the write's first select), and
+        move the batch to ``finalizing`` when they complete it. The org row is left to the
+        caller, which updates each org once, in id order, after every batch."""
         if not (self.ok or self.failed):
             return
         b = t.batches
         self.released = min(self.charged, self.reserved)
-        await conn.execute(
-            update(b)
-            .where(b.c.id == self.id)
-            .values(
-                completed=b.c.completed + self.ok,
-                failed=b.c.failed + self.failed,
-                input_tokens=b.c.input_tokens + self.tokens_in,
-                output_tokens=b.c.output_tokens + self.tokens_out,
-                cached_tokens=b.c.cached_tokens + self.cached,
-                charged=b.c.charged + self.charged,
-                reserved=b.c.reserved - self.released,
+        row = (
+            await conn.execute(
+                update(b)
+                .where(b.c.id == self.id)
+                .values(
+                    completed=b.c.completed + self.ok,
+                    failed=b.c.failed + self.failed,
+                    input_tokens=b.c.input_tokens + self.tokens_in,
+                    output_tokens=b.c.output_tokens + self.tokens_out,
+                    cached_tokens=b.c.cached_tokens + self.cached,
+                    charged=b.c.charged + self.charged,
+                    reserved=b.c.reserved - self.released,
+                )
+                .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
             )
-        )
+        ).one()
+        if row.status == BatchStatus.IN_PROGRESS and row.completed + row.failed >= row.total:
+            # The last result ends the run in the same transaction, so nobody has to scan
+            # running batches for finished ones. A batch already cancelling is left as it is:
+            # the cancel decides how it ends.
+            await conn.execute(
+                update(b)
+                .where(b.c.id == self.id, b.c.status == BatchStatus.IN_PROGRESS)
+                .values(
+                    status=BatchStatus.FINALIZING,
+                    **{TIMESTAMP_OF[BatchStatus.FINALIZING]: int(now)},
+                )
+            )
 
 
 class QueueQueries(SqlBase):
@@ -251,7 +266,7 @@ class QueueQueries(SqlBase):
             owed: dict[str, tuple[int, int]] = {}
             for batch_id in sorted(batches):
                 settling = batches[batch_id]
-                await settling.apply(conn)
+                await settling.apply(conn, now)
                 if settling.charged:
                     charged, released = owed.get(settling.org_id, (0, 0))
                     owed[settling.org_id] = (
