@@ -29,7 +29,6 @@ from tests.support import create_pg_database, drop_pg_database
 __all__ = ["store"]  # the fixture, over both backends
 
 FAR = NOW + 10**9
-PRICES = {"price_input": 1_000, "price_cached_input": 500, "price_output": 4_000}
 RESERVE = 10**12
 CREDIT = 10**15
 
@@ -52,7 +51,9 @@ async def priced_batch(
         created_at=int(NOW),
         expires_at=int(NOW) + 86400,
         total=items,
-        **PRICES,
+        price_input=1_000,
+        price_cached_input=500,
+        price_output=4_000,
     )
     admission = Admission(
         reserve=RESERVE,
