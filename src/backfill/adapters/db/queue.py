@@ -28,7 +28,8 @@ _RESULT_PAGE = 1000
 
 
 class Settling:
-    """Charges of one batch within a result write: receipts, then one update per row."""
+    """Counts and charges of one batch within a result write: receipts, then one batch update;
+    ``charged`` and ``released`` are what its org row owes once all batches are done."""
 
     def __init__(self, row: Any) -> None:
         self.id: str = row.id
@@ -37,7 +38,7 @@ class Settling:
         self.reserved: int = row.reserved
         self.prices = prices_of(row) if row.billing == "catalog" else None
         self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
-        self.charged = 0
+        self.charged = self.released = 0
 
     def add(self, r: ItemResult, now: float) -> dict[str, Any] | None:
         if not r.ok:
@@ -69,30 +70,41 @@ class Settling:
             "created_at": now,
         }
 
-    async def apply(self, conn: AsyncConnection) -> None:
+    async def apply(self, conn: AsyncConnection, now: float) -> None:
+        """Add this write's counts to the batch row (locked since the write's first select), and
+        move the batch to ``finalizing`` when they complete it. The org row is left to the
+        caller, which updates each org once, in id order, after every batch."""
         if not (self.ok or self.failed):
             return
         b = t.batches
-        release = min(self.charged, self.reserved)
-        await conn.execute(
-            update(b)
-            .where(b.c.id == self.id)
-            .values(
-                completed=b.c.completed + self.ok,
-                failed=b.c.failed + self.failed,
-                input_tokens=b.c.input_tokens + self.tokens_in,
-                output_tokens=b.c.output_tokens + self.tokens_out,
-                cached_tokens=b.c.cached_tokens + self.cached,
-                charged=b.c.charged + self.charged,
-                reserved=b.c.reserved - release,
-            )
-        )
-        if self.charged:
-            o = t.orgs
+        self.released = min(self.charged, self.reserved)
+        row = (
             await conn.execute(
-                update(o)
-                .where(o.c.id == self.org_id)
-                .values(balance=o.c.balance - self.charged, reserved=o.c.reserved - release)
+                update(b)
+                .where(b.c.id == self.id)
+                .values(
+                    completed=b.c.completed + self.ok,
+                    failed=b.c.failed + self.failed,
+                    input_tokens=b.c.input_tokens + self.tokens_in,
+                    output_tokens=b.c.output_tokens + self.tokens_out,
+                    cached_tokens=b.c.cached_tokens + self.cached,
+                    charged=b.c.charged + self.charged,
+                    reserved=b.c.reserved - self.released,
+                )
+                .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
+            )
+        ).one()
+        if row.status == BatchStatus.IN_PROGRESS and row.completed + row.failed >= row.total:
+            # The last result ends the run in the same transaction, so nobody has to scan
+            # running batches for finished ones. A batch already cancelling is left as it is:
+            # the cancel decides how it ends.
+            await conn.execute(
+                update(b)
+                .where(b.c.id == self.id, b.c.status == BatchStatus.IN_PROGRESS)
+                .values(
+                    status=BatchStatus.FINALIZING,
+                    **{TIMESTAMP_OF[BatchStatus.FINALIZING]: int(now)},
+                )
             )
 
 
@@ -102,19 +114,30 @@ class QueueQueries(SqlBase):
     async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
         i = t.items
         b = t.batches
+        o = t.orgs
         now = time.time()
+        # Every group commit takes its row locks in one global order (batches by id, their
+        # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
+        # queue behind each other instead of deadlocking: a rolled-back group would cost the
+        # whole group's compute again.
         async with self.writing("storing results") as conn:
             batch_ids = sorted({r.batch_id for r in results})
-            query = select(
-                b.c.id,
-                b.c.org_id,
-                b.c.billing,
-                b.c.model_config_id,
-                b.c.reserved,
-                b.c.price_input,
-                b.c.price_cached_input,
-                b.c.price_output,
-            ).where(b.c.id.in_(batch_ids))
+            query = (
+                select(
+                    b.c.id,
+                    b.c.org_id,
+                    b.c.billing,
+                    b.c.model_config_id,
+                    b.c.reserved,
+                    b.c.price_input,
+                    b.c.price_cached_input,
+                    b.c.price_output,
+                )
+                .where(b.c.id.in_(batch_ids))
+                # Rows are locked in the order they are returned; without ORDER BY that is scan
+                # order, which changes as the rows are updated.
+                .order_by(b.c.id)
+            )
             if not self.is_sqlite:
                 query = query.with_for_update()
             batches = {row.id: Settling(row) for row in (await conn.execute(query)).all()}
@@ -124,7 +147,10 @@ class QueueQueries(SqlBase):
                 key = (r.batch_id, r.idx, r.lease_token)
                 flags.append(key in held)
                 held.discard(key)  # a second result for the same item in one write loses
-            accepted = [r for r, ok in zip(results, flags, strict=True) if ok]
+            accepted = sorted(
+                (r for r, ok in zip(results, flags, strict=True) if ok),
+                key=lambda r: (r.batch_id, r.idx),
+            )
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
@@ -159,22 +185,45 @@ class QueueQueries(SqlBase):
                 ]
                 if receipts:
                     await conn.execute(insert(t.receipts), receipts)
-            for settling in batches.values():
-                await settling.apply(conn)
+            owed: dict[str, tuple[int, int]] = {}
+            for batch_id in sorted(batches):
+                settling = batches[batch_id]
+                await settling.apply(conn, now)
+                if settling.charged:
+                    charged, released = owed.get(settling.org_id, (0, 0))
+                    owed[settling.org_id] = (
+                        charged + settling.charged,
+                        released + settling.released,
+                    )
+            # One update per org, the hottest rows of all, taken last and held shortest.
+            for org_id in sorted(owed):
+                charged, released = owed[org_id]
+                await conn.execute(
+                    update(o)
+                    .where(o.c.id == org_id)
+                    .values(balance=o.c.balance - charged, reserved=o.c.reserved - released)
+                )
         return flags
 
     async def _held_leases(
         self, conn: AsyncConnection, results: Sequence[ItemResult]
     ) -> set[tuple[str, int, str]]:
-        """Which of these results' items are still leased with the token they carry."""
+        """Which of these results' items are still leased with the token they carry; on
+        PostgreSQL their rows are locked, batch by batch in id order and by idx within one."""
         i = t.items
         held: set[tuple[str, int, str]] = set()
-        by_batch: dict[str, list[int]] = {}
+        by_batch: dict[str, set[int]] = {}
         for r in results:
-            by_batch.setdefault(r.batch_id, []).append(r.idx)
-        for batch_id, idxs in by_batch.items():
-            query = select(i.c.idx, i.c.lease_token).where(
-                i.c.batch_id == batch_id, i.c.idx.in_(idxs), i.c.state == ItemState.LEASED
+            by_batch.setdefault(r.batch_id, set()).add(r.idx)
+        for batch_id in sorted(by_batch):
+            query = (
+                select(i.c.idx, i.c.lease_token)
+                .where(
+                    i.c.batch_id == batch_id,
+                    i.c.idx.in_(sorted(by_batch[batch_id])),
+                    i.c.state == ItemState.LEASED,
+                )
+                .order_by(i.c.idx)
             )
             if not self.is_sqlite:
                 query = query.with_for_update()
@@ -200,15 +249,19 @@ class QueueQueries(SqlBase):
             )
 
     async def gauges(self) -> tuple[dict[str, int], int]:
-        b, i = t.batches, t.items
+        b = t.batches
+        # Named statuses rather than NOT IN, so ix_batches_status_expires serves the read.
+        unfinished = [status.value for status in BatchStatus if status.value not in TERMINAL]
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(b.c.status, func.count()).group_by(b.c.status))).all()
+            # The batch counters move in the result transaction, so they are exact: the depth is
+            # O(unfinished batches), never a count over items, whose long snapshot would hold
+            # back vacuum of the whole queue.
             depth = (
                 await conn.execute(
-                    select(func.count())
-                    .select_from(i)
-                    .join(b, b.c.id == i.c.batch_id)
-                    .where(b.c.status.not_in(TERMINAL), i.c.state != ItemState.DONE)
+                    select(
+                        func.coalesce(func.sum(b.c.total - b.c.completed - b.c.failed), 0)
+                    ).where(b.c.status.in_(unfinished))
                 )
             ).scalar_one()
         return {status: int(count) for status, count in rows}, int(depth)
