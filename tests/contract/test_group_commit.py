@@ -8,6 +8,7 @@ items are claimed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import re
 import time
@@ -20,9 +21,11 @@ from sqlalchemy import event, func, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
+from backfill.domain.chunks import Chunker
 from backfill.domain.lifecycle import BatchStatus, ItemState
+from backfill.domain.lines import LineRef
 from backfill.errors import StorageError
-from backfill.ports import Admission, BatchRecord, ItemResult, LineRef, Org
+from backfill.ports import Admission, BatchRecord, ItemResult, Org
 from tests.contract.test_store import NOW, _id, file_record, make_org, store
 from tests.support import create_pg_database, drop_pg_database
 
@@ -47,7 +50,7 @@ async def priced_batch(
         model_config_id="m-v1",
         input_file_id=source.id,
         completion_window="24h",
-        status=status,
+        status=BatchStatus.VALIDATING,
         created_at=int(NOW),
         expires_at=int(NOW) + 86400,
         total=items,
@@ -63,8 +66,12 @@ async def priced_batch(
         throughput_tokens_per_s=None,
     )
     await store.create_batch(batch, admission)
-    await store.add_items(batch.id, [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)])
-    return batch
+    chunker = Chunker()
+    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)]
+    await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
+    if status != BatchStatus.VALIDATING:
+        assert await store.transition(batch.id, [BatchStatus.VALIDATING], "in_progress", 1)
+    return dataclasses.replace(batch, status=status)
 
 
 async def lease(store: SqlStore, batch_id: str, token: str, where: Any = None) -> None:

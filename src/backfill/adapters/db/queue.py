@@ -17,7 +17,7 @@ from backfill.adapters.db.rows import (
     prices_of,
     release_reservation,
 )
-from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
+from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
 from backfill.ports import (
     ItemResult,
@@ -106,6 +106,8 @@ class Settling:
                     **{TIMESTAMP_OF[BatchStatus.FINALIZING]: int(now)},
                 )
             )
+            # Nothing of it is claimable any more (every line is done): its chunks go.
+            await drop_chunks(conn, self.id)
 
 
 class QueueQueries(SqlBase):
