@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test check lint fmt bench clean
+.PHONY: up test check lint fmt bench bench-drain-curve clean
 
 # llama.cpp is compiled from source when it is installed. Build it for a portable x86-64
 # baseline (AVX2), not for the build machine: a native build can use instructions (AMX) that the
@@ -42,6 +42,11 @@ bench: $(STAMP)
 	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32
 	PYTHONPATH=. $(PY) -m bench.accept_1m
 	PYTHONPATH=. $(PY) -m bench.scale_workers
+	PYTHONPATH=. $(PY) -m bench.drain_curve
+
+# One million-line batch, its rate per 5% of progress; writes docs/drain_curve.png.
+bench-drain-curve: $(STAMP)
+	PYTHONPATH=. $(PY) -m bench.drain_curve
 
 clean:
 	rm -rf $(VENV) backfill-data
