@@ -199,12 +199,9 @@ class Worker:
         for receipt in self._meter.take():
             await self._store.charge_gpu_time(receipt)
             charged.add(receipt.org_id)
-        # Orgs paused before are looked at again: credit added since lets them run. (Claims
-        # skip an org without credit by themselves; this drops what was claimed before.)
-        watched = charged | self._paused_orgs
-        if watched:
-            balances = await self._store.balances(sorted(watched))
-            self._paused_orgs = {org for org in watched if balances.get(org, 0) <= 0}
+        if charged:
+            balances = await self._store.balances(sorted(charged))
+            self._paused_orgs |= {org for org, balance in balances.items() if balance <= 0}
 
     async def _guard(self, name: str, loop: Any) -> None:
         """Keep a loop alive through unexpected errors (the database may blip)."""
@@ -242,6 +239,11 @@ class Worker:
         A few more items than free slots are claimed into the slot's backlog, so a request that
         ends is followed at once by the next, without waiting for a claim round trip.
         """
+        if self._paused_orgs:
+            # Credit added since lets a paused org run again (claims already skip an org
+            # without credit; this set drops what was claimed before its credit ran out).
+            balances = await self._store.balances(sorted(self._paused_orgs))
+            self._paused_orgs = {org for org, balance in balances.items() if balance <= 0}
         claimed = 0
         for slot in self._pool.slots:
             if slot.wanted < slot.claim_threshold:
