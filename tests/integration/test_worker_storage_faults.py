@@ -86,7 +86,7 @@ def held_by_worker(bf: InProcess, batch_id: str) -> set[int]:
     assert worker is not None
     held = set(worker._running.get(batch_id, ()))
     for slot in worker._pool.slots:
-        held |= {item.idx for batch, item in slot.backlog if batch.id == batch_id}
+        held |= {q.item.idx for q in slot.backlog if q.batch.id == batch_id}
     return held
 
 
