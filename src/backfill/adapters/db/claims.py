@@ -103,7 +103,10 @@ class ClaimQueries(SqlBase):
                 items = await self._lease_lines(conn, row, share, token, lease_until, now)
                 lane = (row.model, row.org_id)
                 served[lane] += len(items)
-                if await self._settle_chunk(conn, row, now):
+                # Lines are leased in index order, so a chunk that gave all that was asked and
+                # not its last line holds more: it stays ready without a look.
+                exhausted = len(items) < share or items[-1].idx == row.end_idx - 1
+                if exhausted and await self._settle_chunk(conn, row, now):
                     drained[lane] += 1
                 if items:
                     batch = WorkBatch(
