@@ -233,7 +233,8 @@ items = Table(
 
 # The unit of claim: a range of lines of one batch that starts inside one segment of the input,
 # so the lines a claim hands out are read with one ranged read. ``state``: 0 ready (it holds
-# queued lines), 1 taken (all its lines are leased or done), 2 closed (its batch stopped).
+# queued lines), 1 taken (all its lines are leased or done). Only running batches have chunks:
+# they are deleted when the batch stops running.
 chunks = Table(
     "chunks",
     metadata,
