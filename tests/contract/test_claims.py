@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Select, text
 
-from backfill.adapters.db.claims import LANES_PER_CLAIM
+from backfill.adapters.db.claims import LANES_PER_CLAIM, expired_leases, queued_lines
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES, INPUT_SEGMENT_BYTES, Chunker
 from backfill.domain.lifecycle import BatchStatus
@@ -16,6 +17,22 @@ from backfill.domain.lines import LineRef
 from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, store, take
 
 __all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests
+
+
+async def plan_of(store: SqlStore, statement: Select[Any]) -> str:
+    """The query plan of the statement the store really runs, with its values inlined;
+    PostgreSQL is told to avoid sequential scans so a tiny table shows the plan a big one
+    gets (SQLite plans by indexes and query shape alone)."""
+    compiled = str(
+        statement.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
+    )
+    async with store.engine.connect() as conn:
+        if store.is_sqlite:
+            rows = await conn.execute(text("EXPLAIN QUERY PLAN " + compiled))
+            return " ".join(str(row[-1]) for row in rows)
+        await conn.execute(text("SET enable_seqscan = off"))
+        rows = await conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + compiled))
+        return " ".join(str(row[0]) for row in rows)
 
 
 def test_chunks_start_inside_one_segment_and_hold_at_most_chunk_lines() -> None:
@@ -128,45 +145,18 @@ async def test_claims_do_not_read_finished_lines(store: SqlStore) -> None:
     batch = await make_batch(store, org, CHUNK_LINES * 4)
     done = await take(store, batch, CHUNK_LINES * 3, "t", NOW + LEASE, NOW)
     assert await store.write_results([ok(i, "t") for i in done]) == [True] * len(done)
-    sql = (
-        "SELECT idx FROM items WHERE batch_id = :b AND state = 0 AND idx >= :lo AND idx < :hi"
-        " ORDER BY idx LIMIT 64"
-    )
-    params = {"b": batch.id, "lo": CHUNK_LINES * 3, "hi": CHUNK_LINES * 4}
-    async with store.engine.connect() as conn:
-        if store.is_sqlite:
-            plan = " ".join(
-                str(row[-1])
-                for row in await conn.execute(text("EXPLAIN QUERY PLAN " + sql), params)
-            )
-            assert "ix_items_claim" in plan
-            assert "SCAN" not in plan
-        else:
-            await conn.execute(text("SET enable_seqscan = off"))
-            plan = " ".join(
-                str(row[0])
-                for row in await conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), params)
-            )
-            assert "ix_items_claim" in plan, plan
-            assert "Rows Removed by Filter" not in plan, plan
+    statement = queued_lines(batch.id, CHUNK_LINES * 3, CHUNK_LINES * 4, NOW, 64)
+    plan = await plan_of(store, statement)
+    assert "ix_items_claim" in plan, plan
+    assert "SCAN" not in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan
     assert len(await take(store, batch, CHUNK_LINES, "t", NOW + LEASE, NOW)) == CHUNK_LINES
 
 
 async def test_the_expiry_sweep_reads_only_leased_lines(store: SqlStore) -> None:
     org = await make_org(store)
     await make_batch(store, org, 50)
-    sql = "SELECT batch_id, idx FROM items WHERE state = 1 AND lease_until < :now LIMIT 10"
-    async with store.engine.connect() as conn:
-        if store.is_sqlite:
-            plan = " ".join(
-                str(row[-1])
-                for row in await conn.execute(text("EXPLAIN QUERY PLAN " + sql), {"now": NOW})
-            )
-        else:
-            await conn.execute(text("SET enable_seqscan = off"))
-            plan = " ".join(
-                str(row[0]) for row in await conn.execute(text("EXPLAIN " + sql), {"now": NOW})
-            )
+    plan = await plan_of(store, expired_leases(NOW))
     assert "ix_items_leased" in plan, plan
 
 

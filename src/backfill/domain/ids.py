@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import secrets
-import time
 
 
 def _token() -> str:
     return secrets.token_hex(12)
-
-
-def _ordered_token() -> str:
-    """24 hex digits that sort by creation time (milliseconds, then 48 random bits): ids
-    stored as a primary key by the million go in at the end of its index instead of on a
-    random page of it, so storing one does not get slower as the table grows."""
-    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
 
 
 def file_id() -> str:
@@ -30,8 +22,7 @@ def batch_request_id() -> str:
 
 
 def request_id() -> str:
-    # The key of every receipt (SPEC §7.3): one per request served.
-    return f"req_{_ordered_token()}"
+    return f"req_{_token()}"
 
 
 def org_id() -> str:

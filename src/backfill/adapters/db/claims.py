@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, text, tuple_, update
+from sqlalchemy import Select, bindparam, delete, func, insert, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -140,19 +140,7 @@ class ClaimQueries(SqlBase):
         now: float,
     ) -> list[ClaimedItem]:
         i = t.items
-        # A queued line may carry a not-before time in lease_until (a release with backoff).
-        pick = (
-            select(i.c.idx)
-            .where(
-                i.c.batch_id == chunk.batch_id,
-                i.c.state == ItemState.QUEUED,
-                i.c.idx >= chunk.first_idx,
-                i.c.idx < chunk.end_idx,
-                (i.c.lease_until.is_(None)) | (i.c.lease_until <= now),
-            )
-            .order_by(i.c.idx)
-            .limit(limit)
-        )
+        pick = queued_lines(chunk.batch_id, chunk.first_idx, chunk.end_idx, now, limit)
         values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
         returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
         if self.is_sqlite:
@@ -249,14 +237,10 @@ class ClaimQueries(SqlBase):
         Reads only leased lines (a partial index), never the batch's history."""
         i = t.items
         async with self.writing("requeueing expired leases") as conn:
-            expired = (
-                await conn.execute(
-                    select(i.c.batch_id, i.c.idx, i.c.chunk)
-                    .where(i.c.state == ItemState.LEASED, i.c.lease_until < now)
-                    .order_by(i.c.batch_id, i.c.idx)
-                    .limit(_SWEEP_LIMIT)
-                )
-            ).all()
+            expired = sorted(
+                (await conn.execute(expired_leases(now))).all(),
+                key=lambda r: (r.batch_id, r.idx),
+            )
             if not expired:
                 return 0
             moved = (
@@ -286,6 +270,35 @@ class ClaimQueries(SqlBase):
             )
         while await self.requeue_expired(now):
             pass
+
+
+def queued_lines(batch_id: str, first: int, end: int, now: float, limit: int) -> Select[Any]:
+    """A claim's lines: queued ones of one chunk in index order, through the claim index. A
+    queued line may carry a not-before time in lease_until (a release with backoff)."""
+    i = t.items
+    return (
+        select(i.c.idx)
+        .where(
+            i.c.batch_id == batch_id,
+            i.c.state == ItemState.QUEUED,
+            i.c.idx >= first,
+            i.c.idx < end,
+            (i.c.lease_until.is_(None)) | (i.c.lease_until <= now),
+        )
+        .order_by(i.c.idx)
+        .limit(limit)
+    )
+
+
+def expired_leases(now: float) -> Select[Any]:
+    """Leased lines whose lease ran out, through the partial index of leased lines. Not
+    ordered: an ORDER BY on the key makes SQLite walk every line ever queued instead."""
+    i = t.items
+    return (
+        select(i.c.batch_id, i.c.idx, i.c.chunk)
+        .where(i.c.state == ItemState.LEASED, i.c.lease_until < now)
+        .limit(_SWEEP_LIMIT)
+    )
 
 
 async def open_lane(conn: AsyncConnection, batch: Any, is_sqlite: bool) -> None:

@@ -26,9 +26,6 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA busy_timeout=30000")
-    # 64 MiB of page cache instead of SQLite's 2 MiB: a queue of a million lines keeps its
-    # hot index pages in memory rather than re-reading them for every statement.
-    cursor.execute("PRAGMA cache_size=-65536")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
