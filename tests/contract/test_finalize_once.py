@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -25,11 +24,8 @@ from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
-from backfill.domain.chunks import Chunker
 from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
-from backfill.domain.lines import LineRef
 from backfill.ports import (
-    Admission,
     BatchRecord,
     BlobStore,
     BlobWriter,
@@ -40,19 +36,13 @@ from backfill.ports import (
 from backfill.runner.finalize import Finalizer, result_context, result_file_id
 from backfill.services.files import FileService, content_key
 from backfill.services.retention import JANITOR, Janitor
+from tests.contract.test_store import _id, make_batch, make_org
 from tests.support import create_pg_database, drop_pg_database
 
 NOW = 1_000_000.0
 LINES = 7
 FINALIZING = BatchStatus.FINALIZING
 COMPLETED = BatchStatus.COMPLETED
-ADMIT_ALL = Admission(
-    reserve=0,
-    require_positive_balance=False,
-    max_unfinished=1000,
-    max_retained_input_bytes=1 << 40,
-    throughput_tokens_per_s=None,
-)
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -138,10 +128,6 @@ def stored_keys(root: Path) -> set[str]:
     return {f"files/{p.name}" for p in folder.iterdir()} if folder.exists() else set()
 
 
-def _id(prefix: str) -> str:
-    return f"{prefix}{secrets.token_hex(8)}"
-
-
 @dataclasses.dataclass
 class Finalizing:
     batch: BatchRecord
@@ -153,36 +139,8 @@ class Finalizing:
 
 async def finalizing_batch(store: SqlStore, keyring: Keyring) -> Finalizing:
     """A batch whose lines are all done (every third failed), now ``finalizing``."""
-    org = Org(id=_id("org_"), name=_id("org-"), created_at=int(NOW))
-    await store.create_org(org)
-    source = FileRecord(
-        id=_id("file-"),
-        org_id=org.id,
-        purpose="batch",
-        filename="in.jsonl",
-        bytes=10,
-        created_at=int(NOW),
-        expires_at=int(NOW) + 3600,
-        status="processed",
-    )
-    await store.create_file(source)
-    batch = BatchRecord(
-        id=_id("batch_"),
-        org_id=org.id,
-        endpoint="/v1/chat/completions",
-        model="m",
-        model_config_id="m-v1",
-        input_file_id=source.id,
-        completion_window="24h",
-        status=BatchStatus.IN_PROGRESS,
-        created_at=int(NOW),
-        expires_at=int(NOW) + 86400,
-        total=LINES,
-    )
-    await store.create_batch(batch, ADMIT_ALL)
-    chunker = Chunker()
-    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(LINES)]
-    assert await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
+    org = await make_org(store)
+    batch = await make_batch(store, org, LINES, model="m")
     output = b""
     failed = []
     i = t.items
@@ -515,8 +473,7 @@ async def expired_file(store: SqlStore, org: Org, age: int) -> FileRecord:
 
 
 async def test_one_janitor_sweeps_at_a_time(stores: list[SqlStore]) -> None:
-    org = Org(id=_id("org_"), name=_id("org-"), created_at=int(NOW))
-    await stores[0].create_org(org)
+    org = await make_org(stores[0])
     for age in range(12):
         await expired_file(stores[0], org, age)
     clock = ManualClock(NOW)
@@ -595,8 +552,7 @@ def _sql_literal(value: Any) -> str:
 
 async def test_the_janitors_query_reads_the_expiring_index(stores: list[SqlStore]) -> None:
     store = stores[0]
-    org = Org(id=_id("org_"), name=_id("org-"), created_at=int(NOW))
-    await store.create_org(org)
+    org = await make_org(store)
     for n in range(50):
         await store.create_file(
             FileRecord(

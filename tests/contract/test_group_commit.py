@@ -8,7 +8,6 @@ items are claimed.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import re
 import time
@@ -21,12 +20,10 @@ from sqlalchemy import event, func, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
-from backfill.domain.chunks import Chunker
 from backfill.domain.lifecycle import BatchStatus, ItemState
-from backfill.domain.lines import LineRef
 from backfill.errors import StorageError
 from backfill.ports import Admission, BatchRecord, ItemResult, Org
-from tests.contract.test_store import NOW, _id, file_record, make_org, store
+from tests.contract.test_store import NOW, make_batch, make_org, store
 from tests.support import create_pg_database, drop_pg_database
 
 __all__ = ["store"]  # the fixture, over both backends
@@ -40,24 +37,6 @@ async def priced_batch(
     store: SqlStore, org: Org, items: int, *, status: str = BatchStatus.IN_PROGRESS
 ) -> BatchRecord:
     """A catalog-priced batch with a reservation, so writes charge and release."""
-    source = file_record(org)
-    await store.create_file(source)
-    batch = BatchRecord(
-        id=_id("batch_"),
-        org_id=org.id,
-        endpoint="/v1/chat/completions",
-        model="m",
-        model_config_id="m-v1",
-        input_file_id=source.id,
-        completion_window="24h",
-        status=BatchStatus.VALIDATING,
-        created_at=int(NOW),
-        expires_at=int(NOW) + 86400,
-        total=items,
-        price_input=1_000,
-        price_cached_input=500,
-        price_output=4_000,
-    )
     admission = Admission(
         reserve=RESERVE,
         require_positive_balance=False,
@@ -65,13 +44,17 @@ async def priced_batch(
         max_retained_input_bytes=1 << 40,
         throughput_tokens_per_s=None,
     )
-    await store.create_batch(batch, admission)
-    chunker = Chunker()
-    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)]
-    await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
-    if status != BatchStatus.VALIDATING:
-        assert await store.transition(batch.id, [BatchStatus.VALIDATING], "in_progress", 1)
-    return dataclasses.replace(batch, status=status)
+    return await make_batch(
+        store,
+        org,
+        items,
+        status=status,
+        model="m",
+        admission=admission,
+        price_input=1_000,
+        price_cached_input=500,
+        price_output=4_000,
+    )
 
 
 async def lease(store: SqlStore, batch_id: str, token: str, where: Any = None) -> None:

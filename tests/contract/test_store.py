@@ -87,8 +87,11 @@ async def make_batch(
     status: str = BatchStatus.IN_PROGRESS,
     idempotency_key: str | None = None,
     model: str | None = None,
+    admission: Admission | None = None,
+    **fields: Any,
 ) -> BatchRecord:
-    """A batch of its own model (so a claim for that model takes only its lines)."""
+    """A batch of its own model (so a claim for that model takes only its lines); ``fields``
+    set more of its record (prices, for one)."""
     source = file_record(org)
     await store.create_file(source)
     batch = BatchRecord(
@@ -105,7 +108,8 @@ async def make_batch(
         total=items,
         idempotency_key=idempotency_key,
     )
-    await store.create_batch(batch, ADMIT_ALL)
+    batch = dataclasses.replace(batch, **fields)
+    await store.create_batch(batch, admission or ADMIT_ALL)
     lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)]
     chunker = Chunker()
     await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
