@@ -27,6 +27,7 @@ from backfill.adapters.http.app import create_app
 from backfill.adapters.http.deps import Services
 from backfill.adapters.private import private_dir, tighten_file
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
 from backfill.metrics import Metrics
@@ -36,7 +37,7 @@ from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
-from backfill.services.files import FileService, content_key
+from backfill.services.files import FileService
 from backfill.services.operations import Operations
 from backfill.services.tenants import TenantService
 from backfill.settings import LOCAL_CONTEXT, LOCAL_ENGINE, LOCAL_MODEL, ModelSettings, Settings
@@ -243,11 +244,11 @@ def build(
     metrics = Metrics()
     operations = Operations(store, metrics)
     services = Services(
-        TenantService(store, clock),
+        TenantService(store, store, clock),
         files,
         batches,
         catalog,
-        BillingService(store, clock),
+        BillingService(store, store, clock),
         operations,
     )
     worker: Worker | None = None

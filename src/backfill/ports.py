@@ -1,14 +1,33 @@
-"""The interfaces services and the runner depend on; adapters implement them."""
+"""The interfaces services and the runner depend on; adapters implement them.
+
+The database is split by role (as pgqueuer's repository ports are): each consumer names the
+narrowest role it uses, and ``SqlStore`` satisfies all of them structurally.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
-from backfill.domain.money import Prices
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.records import (
+    Admission,
+    ApiKey,
+    BatchRecord,
+    Claim,
+    FileRecord,
+    FinalizeLease,
+    ItemResult,
+    KeyringRecord,
+    Ledger,
+    Org,
+    Page,
+    Receipt,
+    StoredResult,
+)
 
 
 class Clock(Protocol):
@@ -94,221 +113,9 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-# ---- metadata --------------------------------------------------------------------------
+class TenantStore(Protocol):
+    """Organizations and their API keys."""
 
-
-@dataclass(slots=True)
-class Org:
-    id: str
-    name: str
-    created_at: int
-
-
-@dataclass(slots=True)
-class ApiKey:
-    id: str
-    org_id: str
-    prefix: str
-    scopes: frozenset[str]
-    name: str | None = None
-    created_at: int = 0
-    last_used_at: int | None = None
-    revoked_at: int | None = None
-
-
-@dataclass(slots=True)
-class FileRecord:
-    id: str
-    org_id: str
-    purpose: str
-    filename: str
-    bytes: int
-    created_at: int
-    expires_at: int | None
-    status: str
-    lines: int = 0
-    model: str | None = None
-    endpoint: str | None = None
-    batch_id: str | None = None
-    prompt_token_bound: int = 0
-    max_output_tokens: int = 0
-
-
-@dataclass(slots=True)
-class BatchRecord:
-    id: str
-    org_id: str
-    endpoint: str
-    model: str
-    model_config_id: str
-    input_file_id: str
-    completion_window: str
-    status: str
-    created_at: int
-    expires_at: int
-    total: int
-    metadata: dict[str, str] | None = None
-    idempotency_key: str | None = None
-    request_hash: str | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    errors: list[dict[str, Any]] | None = None
-    billing: str = "catalog"
-    price_input: int | None = None
-    price_cached_input: int | None = None
-    price_output: int | None = None
-    cached_tokens: int = 0
-    reserved: int = 0
-    charged: int = 0
-    output_token_bound: int = 0
-    output_expires_after_s: int | None = None
-
-    @property
-    def prices(self) -> Prices | None:
-        return Prices.stored(self.price_input, self.price_cached_input, self.price_output)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedItem:
-    batch_id: str
-    idx: int
-    offset: int
-    length: int
-    custom_id: str
-    chunk: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkBatch:
-    """What running a batch's lines needs to know about it: a claim returns it with them, so
-    workers never list batches to find work."""
-
-    id: str
-    org_id: str
-    model: str
-    endpoint: str
-    input_file_id: str
-    billing: str
-    expires_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Lines of one chunk of one batch, leased to the claimer, in index order."""
-
-    batch: WorkBatch
-    chunk: int
-    items: list[ClaimedItem]
-
-
-@dataclass(frozen=True, slots=True)
-class ItemResult:
-    """A request's outcome; a successful one of a catalog batch is charged when stored."""
-
-    batch_id: str
-    idx: int
-    lease_token: str
-    ok: bool
-    payload: bytes
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    request_id: str | None = None
-    custom_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What accepting one batch must satisfy, checked atomically with its creation."""
-
-    reserve: int
-    require_positive_balance: bool
-    max_unfinished: int
-    max_retained_input_bytes: int
-    throughput_tokens_per_s: int | None
-    # The input file is kept at least until then, set with the batch row so that an accepted
-    # batch never leaves its input on the ordinary upload expiry.
-    input_expires_at: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    request_id: str
-    org_id: str
-    kind: str
-    batch_id: str | None
-    custom_id: str | None
-    model_config_id: str | None
-    deployment_id: str | None
-    input_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    prices: Prices | None
-    gpu_count: int | None
-    gpu_ms: int | None
-    amount: int
-    started_at: float | None
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Ledger:
-    """An org's money, in picodollars, as the database holds it."""
-
-    credits: int
-    charges: int
-    balance: int
-    reserved: int
-    receipts: int = 0
-
-    @property
-    def available(self) -> int:
-        return self.balance - self.reserved
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResult:
-    idx: int
-    custom_id: str
-    ok: bool
-    payload: bytes | None
-    error_code: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class FinalizeLease:
-    """The answer to ``Store.take_finalize``."""
-
-    taken: bool
-    previous: str | None = None
-    """The token of the holder before this one (its blobs may be left), when taken."""
-
-
-@dataclass(slots=True)
-class Page:
-    items: list[Any] = field(default_factory=list)
-    has_more: bool = False
-
-
-class Store(Protocol):
-    """Durable metadata and the work queue."""
-
-    async def init(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    # tenants
     async def create_org(self, org: Org) -> None: ...
 
     async def org_by_name(self, name: str) -> Org | None: ...
@@ -334,7 +141,10 @@ class Store(Protocol):
         best effort: a failure here must not refuse the request."""
         ...
 
-    # files
+
+class FileStore(Protocol):
+    """File records: uploads, result files, and what retention may delete."""
+
     async def create_file(self, record: FileRecord, max_retained_bytes: int | None = None) -> None:
         """Insert a file; with ``max_retained_bytes``, refuse (RateLimited) in the same
         transaction when the org's input files would then keep more than that."""
@@ -348,7 +158,7 @@ class Store(Protocol):
 
     async def list_files(
         self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
-    ) -> Page: ...
+    ) -> Page[FileRecord]: ...
 
     async def mark_file_deleted(self, file_id: str) -> None: ...
 
@@ -362,12 +172,18 @@ class Store(Protocol):
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None: ...
 
-    # catalog
+
+class CatalogStore(Protocol):
+    """The model revisions and private deployments requests can name."""
+
     async def list_models(self) -> list[CatalogModel]: ...
 
     async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None: ...
 
-    # billing
+
+class LedgerStore(Protocol):
+    """Each org's credit, charges and receipts."""
+
     async def credit(self, org_id: str, amount: int, note: str | None, now: int) -> Ledger:
         """Append a credit unless it would take the balance past its cap (InvalidInput);
         returns the ledger as that same transaction left it."""
@@ -381,7 +197,10 @@ class Store(Protocol):
 
     async def charge_gpu_time(self, receipt: Receipt) -> None: ...
 
-    # batches
+
+class BatchStore(Protocol):
+    """Batch records and their status changes."""
+
     async def create_batch(self, batch: BatchRecord, admission: Admission) -> None:
         """Insert the batch, reserving credit and enforcing limits in the same transaction."""
         ...
@@ -396,15 +215,17 @@ class Store(Protocol):
 
     async def batch_by_idempotency_key(self, org_id: str, key: str) -> BatchRecord | None: ...
 
-    async def list_batches(self, org_id: str, after: str | None, limit: int) -> Page: ...
+    async def list_batches(
+        self, org_id: str, after: str | None, limit: int
+    ) -> Page[BatchRecord]: ...
 
     async def transition(
-        self, batch_id: str, from_statuses: Sequence[str], to: str, now: int
+        self, batch_id: str, from_statuses: Sequence[BatchStatus], to: BatchStatus, now: int
     ) -> bool:
         """Move a batch to ``to`` if it is in one of ``from_statuses``; sets the timestamp."""
         ...
 
-    async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]: ...
+    async def batches_in(self, statuses: Sequence[BatchStatus]) -> list[BatchRecord]: ...
 
     async def lifecycle_batches(self, now: float) -> list[BatchRecord]:
         """Validating, cancelling and finalizing batches, and in-progress ones past their
@@ -415,7 +236,17 @@ class Store(Protocol):
         """Move in-progress batches whose lines are all done to ``finalizing``."""
         ...
 
-    # work queue
+    async def fail_batch(
+        self, batch_id: str, expected_status: BatchStatus, now: int, errors: list[dict[str, Any]]
+    ) -> bool:
+        """Move a batch that could not start to ``failed`` with ``errors`` (OpenAI's
+        ``errors.data``) and give back its reservation; False when its status moved on."""
+        ...
+
+
+class WorkQueue(Protocol):
+    """The lines of running batches: leased to workers, released, and answered."""
+
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
     ) -> list[Claim]:
@@ -449,22 +280,18 @@ class Store(Protocol):
 
     async def live_leases(self, batch_id: str, now: float) -> int: ...
 
-    async def gauges(self) -> tuple[dict[str, int], int]:
-        """(batches by status, requests of unfinished batches not yet done), for metrics."""
-        ...
-
-    async def ping(self) -> None:
-        """Raise when the database cannot be reached."""
-        ...
-
     async def close_unfinished(self, batch_id: str, error_code: str) -> int:
         """Mark every unfinished item of a batch failed with ``error_code``; fences late writers."""
         ...
 
+
+class ResultStore(Protocol):
+    """A finished batch's results and the lease that lets one worker publish them."""
+
     def iter_results(self, batch_id: str) -> AsyncIterator[list[StoredResult]]: ...
 
     async def take_finalize(
-        self, batch_id: str, statuses: Sequence[str], token: str, until: float, now: float
+        self, batch_id: str, statuses: Sequence[BatchStatus], token: str, until: float, now: float
     ) -> FinalizeLease:
         """Take the batch's finalize lease until ``until`` if the batch is in ``statuses`` and
         the lease is free, expired or ``token``'s already; one statement decides."""
@@ -481,8 +308,8 @@ class Store(Protocol):
     async def publish(
         self,
         batch_id: str,
-        expected_status: str,
-        status: str,
+        expected_status: BatchStatus,
+        status: BatchStatus,
         now: int,
         output: FileRecord,
         errors: FileRecord,
@@ -493,26 +320,40 @@ class Store(Protocol):
         the batch is ``expected_status`` and ``token`` holds its finalize lease."""
         ...
 
+
+class OperationsStore(Protocol):
+    """What operators read (reachability, gauges) and the leases that let one process at a
+    time run a chore for everyone."""
+
+    async def ping(self) -> None:
+        """Raise when the database cannot be reached."""
+        ...
+
+    async def gauges(self) -> tuple[dict[str, int], int]:
+        """(batches by status, requests of unfinished batches not yet done), for metrics."""
+        ...
+
     async def take_singleton(self, name: str, holder: str, until: float, now: float) -> bool:
         """Hold the named lease until ``until`` if it is free, expired or ``holder``'s."""
         ...
 
-    async def fail_batch(
-        self, batch_id: str, expected_status: str, now: int, errors: list[dict[str, Any]]
-    ) -> bool:
-        """Move a batch that could not start to ``failed`` with ``errors`` (OpenAI's
-        ``errors.data``) and give back its reservation; False when its status moved on."""
-        ...
 
+class Store(
+    TenantStore,
+    FileStore,
+    CatalogStore,
+    LedgerStore,
+    BatchStore,
+    WorkQueue,
+    ResultStore,
+    OperationsStore,
+    Protocol,
+):
+    """Every role at once: what the composition root builds and hands out by role."""
 
-@dataclass(frozen=True, slots=True)
-class KeyringRecord:
-    """What the database knows about the master key its content was sealed with."""
+    async def init(self) -> None: ...
 
-    check_value: str
-    min_blob_format: int
-    """The oldest blob format still accepted on read (1 until old blobs are re-encrypted)."""
-    created_at: int
+    async def close(self) -> None: ...
 
 
 class KeyringStore(Protocol):

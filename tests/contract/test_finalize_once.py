@@ -24,17 +24,12 @@ from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
+from backfill.domain.files import FilePurpose, FileStatus, content_key
 from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
-from backfill.ports import (
-    BatchRecord,
-    BlobStore,
-    BlobWriter,
-    FileRecord,
-    FinalizeLease,
-    Org,
-)
+from backfill.domain.records import BatchRecord, FileRecord, FinalizeLease, Org
+from backfill.ports import BlobStore, BlobWriter
 from backfill.runner.finalize import Finalizer, result_context, result_file_id
-from backfill.services.files import FileService, content_key
+from backfill.services.files import FileService
 from backfill.services.retention import JANITOR, Janitor
 from tests.contract.test_store import _id, make_batch, make_org
 from tests.support import create_pg_database, drop_pg_database
@@ -241,12 +236,12 @@ async def test_an_expired_holder_is_fenced_out(stores: list[SqlStore], keyring: 
     record = FileRecord(
         id="x",
         org_id=case.batch.org_id,
-        purpose="batch_output",
+        purpose=FilePurpose.BATCH_OUTPUT,
         filename="x.jsonl",
         bytes=1,
         created_at=int(NOW),
         expires_at=None,
-        status="processed",
+        status=FileStatus.PROCESSED,
         batch_id=batch_id,
     )
 
@@ -451,6 +446,9 @@ class RemovingFiles:
         self.store = store
         self.removed: list[str] = []
 
+    async def expired(self, now: int, limit: int) -> list[FileRecord]:
+        return await self.store.expired_files(now, limit)
+
     async def remove(self, record: FileRecord) -> None:
         self.removed.append(record.id)
         await asyncio.sleep(0)  # let the other janitors run between removals
@@ -461,12 +459,12 @@ async def expired_file(store: SqlStore, org: Org, age: int) -> FileRecord:
     record = FileRecord(
         id=_id("file-"),
         org_id=org.id,
-        purpose="batch",
+        purpose=FilePurpose.BATCH,
         filename="expired.jsonl",
         bytes=1,
         created_at=int(NOW),
         expires_at=int(NOW) - age,
-        status="processed",
+        status=FileStatus.PROCESSED,
     )
     await store.create_file(record)
     return record
@@ -558,12 +556,12 @@ async def test_the_janitors_query_reads_the_expiring_index(stores: list[SqlStore
             FileRecord(
                 id=_id("file-"),
                 org_id=org.id,
-                purpose="batch",
+                purpose=FilePurpose.BATCH,
                 filename=f"{n}.jsonl",
                 bytes=1,
                 created_at=int(NOW),
                 expires_at=int(NOW) + (n - 25) * 60,
-                status="deleted" if n % 2 else "processed",
+                status=FileStatus.DELETED if n % 2 else FileStatus.PROCESSED,
             )
         )
     if not store.is_sqlite:

@@ -21,8 +21,8 @@ from sqlalchemy import event, func, select, update
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.lifecycle import BatchStatus, ItemState
+from backfill.domain.records import Admission, BatchRecord, ItemResult, Org
 from backfill.errors import StorageError
-from backfill.ports import Admission, BatchRecord, ItemResult, Org
 from tests.contract.test_store import NOW, make_batch, make_org, store
 from tests.support import create_pg_database, drop_pg_database
 
@@ -34,7 +34,7 @@ CREDIT = 10**15
 
 
 async def priced_batch(
-    store: SqlStore, org: Org, items: int, *, status: str = BatchStatus.IN_PROGRESS
+    store: SqlStore, org: Org, items: int, *, status: BatchStatus = BatchStatus.IN_PROGRESS
 ) -> BatchRecord:
     """A catalog-priced batch with a reservation, so writes charge and release."""
     admission = Admission(

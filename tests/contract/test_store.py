@@ -16,10 +16,10 @@ import pytest
 
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import Chunker
+from backfill.domain.files import FilePurpose, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.lines import LineRef
-from backfill.errors import Conflict
-from backfill.ports import (
+from backfill.domain.records import (
     Admission,
     ApiKey,
     BatchRecord,
@@ -29,6 +29,7 @@ from backfill.ports import (
     Org,
     StoredResult,
 )
+from backfill.errors import Conflict
 from backfill.services.tenants import hash_secret
 from tests.support import create_pg_database, drop_pg_database
 
@@ -64,7 +65,7 @@ async def make_org(store: SqlStore, name: str | None = None) -> Org:
     return org
 
 
-def file_record(org: Org, purpose: str = "batch", **changes: Any) -> FileRecord:
+def file_record(org: Org, purpose: FilePurpose = FilePurpose.BATCH, **changes: Any) -> FileRecord:
     file_id = _id("file-")
     record = FileRecord(
         id=file_id,
@@ -74,7 +75,7 @@ def file_record(org: Org, purpose: str = "batch", **changes: Any) -> FileRecord:
         bytes=10,
         created_at=int(NOW),
         expires_at=int(NOW) + 3600,
-        status="processed",
+        status=FileStatus.PROCESSED,
     )
     return dataclasses.replace(record, **changes)
 
@@ -84,7 +85,7 @@ async def make_batch(
     org: Org,
     items: int = 5,
     *,
-    status: str = BatchStatus.IN_PROGRESS,
+    status: BatchStatus = BatchStatus.IN_PROGRESS,
     idempotency_key: str | None = None,
     model: str | None = None,
     admission: Admission | None = None,
@@ -499,8 +500,8 @@ async def test_publish_is_conditional_on_the_expected_status(store: SqlStore) ->
     org = await make_org(store)
     batch = await make_batch(store, org, 1, status=BatchStatus.FINALIZING)
     assert (await store.take_finalize(batch.id, ["finalizing"], "fin-a", NOW + LEASE, NOW)).taken
-    out = file_record(org, "batch_output", batch_id=batch.id)
-    err = file_record(org, "batch_output", batch_id=batch.id)
+    out = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
+    err = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
     assert await store.publish(batch.id, "finalizing", "completed", 42, out, err, token="fin-a")
     got = await store.get_batch(org.id, batch.id)
     assert got is not None
@@ -510,8 +511,8 @@ async def test_publish_is_conditional_on_the_expected_status(store: SqlStore) ->
     assert await store.get_file(org.id, err.id) == err
 
     # A second finalizer loses the race and creates nothing.
-    out2 = file_record(org, "batch_output", batch_id=batch.id)
-    err2 = file_record(org, "batch_output", batch_id=batch.id)
+    out2 = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
+    err2 = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
     assert not await store.publish(
         batch.id, "finalizing", "completed", 43, out2, err2, token="fin-a"
     )
@@ -525,12 +526,12 @@ async def test_publish_is_conditional_on_the_expected_status(store: SqlStore) ->
 async def test_publish_is_atomic(store: SqlStore) -> None:
     org = await make_org(store)
     batch = await make_batch(store, org, 1, status=BatchStatus.FINALIZING)
-    existing = file_record(org, "batch_output")
+    existing = file_record(org, FilePurpose.BATCH_OUTPUT)
     await store.create_file(existing)
     assert (await store.take_finalize(batch.id, ["finalizing"], "fin-a", NOW + LEASE, NOW)).taken
-    out = file_record(org, "batch_output", batch_id=batch.id)
+    out = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
     # The error file's id collides, so the second insert fails inside the transaction.
-    clash = file_record(org, "batch_output", batch_id=batch.id, id=existing.id)
+    clash = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id, id=existing.id)
     try:
         published = await store.publish(
             batch.id, "finalizing", "completed", 42, out, clash, token="fin-a"
@@ -543,7 +544,7 @@ async def test_publish_is_atomic(store: SqlStore) -> None:
     assert (got.status, got.output_file_id, got.completed_at) == ("finalizing", None, None)
     assert await store.get_file(org.id, out.id) is None
     # The store is usable afterwards and the real publish goes through.
-    err = file_record(org, "batch_output", batch_id=batch.id)
+    err = file_record(org, FilePurpose.BATCH_OUTPUT, batch_id=batch.id)
     assert await store.publish(batch.id, "finalizing", "cancelled", 50, out, err, token="fin-a")
     got = await store.get_batch(org.id, batch.id)
     assert got is not None

@@ -22,8 +22,8 @@ import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.simulator import Simulator
+from backfill.domain.files import ACCEPTED_INPUT_GRACE_S
 from backfill.errors import StorageError
-from backfill.services.batches import ACCEPTED_INPUT_GRACE_S
 from backfill.settings import Settings
 from tests.support import (
     InProcess,

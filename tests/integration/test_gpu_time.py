@@ -35,7 +35,8 @@ from backfill.domain.money import (
     gpu_time_charge,
     usd_to_pico,
 )
-from backfill.ports import Clock, Engine, Ledger
+from backfill.domain.records import Ledger
+from backfill.ports import Clock, Engine
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.services.tenants import SCOPES
 from backfill.settings import DeploymentSettings, EngineSettings

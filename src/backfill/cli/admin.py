@@ -17,7 +17,7 @@ from rich.text import Text
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
-from backfill.ports import ApiKey
+from backfill.domain.records import ApiKey
 from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL, Settings
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from backfill.adapters.blobs.master import CURRENT_BLOB_FORMAT
 from backfill.cli.common import opened
+from backfill.domain.files import content_key, index_key
 from backfill.errors import BackfillError
-from backfill.services.files import content_key, index_key
 from backfill.settings import Settings
 
 _PAGE = 1000

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from backfill.domain.money import Prices
+
+
+class Billing(StrEnum):
+    """How a batch (and each receipt) is charged."""
+
+    CATALOG = "catalog"
+    """Per token at the model revision's published batch prices."""
+    GPU_TIME = "gpu_time"
+    """Per GPU-second of a private deployment, whatever runs on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +43,10 @@ class CatalogModel:
     @property
     def batch(self) -> bool:
         return self.private or self.prices is not None
+
+    @property
+    def billing(self) -> Billing:
+        return Billing.GPU_TIME if self.private else Billing.CATALOG
 
     def visible_to(self, org_id: str) -> bool:
         return self.owner_org_id is None or self.owner_org_id == org_id

@@ -8,7 +8,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from backfill.ports import ClaimedItem, Engine, WorkBatch
+from backfill.domain.records import ClaimedItem, WorkBatch
+from backfill.ports import Engine
 from backfill.runner.inputs import ClaimInput
 
 log = logging.getLogger("backfill.runner")

@@ -15,9 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from backfill.domain import ids
+from backfill.domain.files import FilePurpose, FileStatus, content_key
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.records import BatchRecord, FileRecord
 from backfill.domain.results import ERROR_MESSAGES, error_row
-from backfill.ports import BatchRecord, BlobStore, BlobWriter, Clock, FileRecord, Sealer, Store
-from backfill.services.files import OUTPUT_PURPOSE, content_key
+from backfill.ports import BlobStore, BlobWriter, Clock, Sealer, Store
 
 log = logging.getLogger("backfill.finalize")
 
@@ -99,8 +101,8 @@ class Finalizer:
     async def finalize(
         self,
         batch: BatchRecord,
-        expected: str,
-        terminal: str,
+        expected: BatchStatus,
+        terminal: BatchStatus,
         *,
         before: Callable[[], Awaitable[object]] | None = None,
     ) -> bool:
@@ -120,8 +122,8 @@ class Finalizer:
     async def _attempt(
         self,
         batch: BatchRecord,
-        expected: str,
-        terminal: str,
+        expected: BatchStatus,
+        terminal: BatchStatus,
         before: Callable[[], Awaitable[object]] | None,
     ) -> bool:
         now = self._clock.now()
@@ -216,11 +218,11 @@ class Finalizer:
         return FileRecord(
             id=file_id,
             org_id=batch.org_id,
-            purpose=OUTPUT_PURPOSE,
+            purpose=FilePurpose.BATCH_OUTPUT,
             filename=f"{batch.id}_{kind}.jsonl",
             bytes=size,
             created_at=now,
             expires_at=now + (batch.output_expires_after_s or self._output_ttl_s),
-            status="processed",
+            status=FileStatus.PROCESSED,
             batch_id=batch.id,
         )

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import MAX_GPU_RECEIPT_MS, gpu_time_charge
-from backfill.ports import Clock, Receipt
+from backfill.domain.records import Receipt, ReceiptKind
+from backfill.ports import Clock
 
 
 def _ms(t: float) -> int:
@@ -72,7 +73,7 @@ class GpuMeter:
                     Receipt(
                         request_id=ids.request_id(),
                         org_id=span.org_id,
-                        kind="gpu_time",
+                        kind=ReceiptKind.GPU_TIME,
                         batch_id=None,
                         custom_id=None,
                         model_config_id=d.model_config_id,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from backfill.ports import BlobStore, Claim, ClaimedItem
-from backfill.services.files import content_key
+from backfill.domain.files import content_key
+from backfill.domain.records import Claim, ClaimedItem
+from backfill.ports import BlobStore
 
 
 class ClaimInput:

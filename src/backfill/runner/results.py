@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 
+from backfill.domain.records import ItemResult
 from backfill.metrics import Metrics
-from backfill.ports import ItemResult, Store
+from backfill.ports import Store
 
 log = logging.getLogger("backfill.runner")
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from backfill.domain.lifecycle import BatchStatus
-from backfill.ports import BatchRecord, Store
+from backfill.domain.records import BatchRecord
+from backfill.ports import Store
 from backfill.runner.finalize import Finalizer
 from backfill.services.batches import BatchStarter
 

@@ -15,23 +15,20 @@ from typing import Any
 import orjson
 
 from backfill.domain import ids
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.records import BatchRecord, ClaimedItem, ItemResult, WorkBatch
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
 from backfill.metrics import Metrics
 from backfill.ports import (
-    BatchRecord,
     BlobStore,
     Catalog,
-    ClaimedItem,
     Clock,
     EngineTimeout,
     EngineUnreachable,
-    ItemResult,
     Sealer,
     Store,
-    WorkBatch,
 )
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.failures import WorkerFailures, is_permanent
@@ -268,7 +265,7 @@ class Worker:
             self._spawn(slot, queued)
 
     def _is_paused(self, batch: WorkBatch) -> bool:
-        return batch.billing == "gpu_time" and batch.org_id in self._paused_orgs
+        return batch.billing == Billing.GPU_TIME and batch.org_id in self._paused_orgs
 
     def _drop_backlog(self, slot: EngineSlot, stop: Callable[[WorkBatch], bool]) -> None:
         """Give back claimed, unstarted items of batches that must not start more work."""
@@ -330,7 +327,7 @@ class Worker:
         try:
             # The deployment is read from the catalog inside the guarded path: a database
             # error there must give the slot and the lease back like any other failure.
-            if batch.billing == "gpu_time":
+            if batch.billing == Billing.GPU_TIME:
                 metered = await self._deployment(batch.model)
                 if metered is not None:
                     self._meter.begin(metered, batch.org_id)
@@ -560,7 +557,11 @@ class Worker:
                 self._finalize(batch, status, BatchStatus.COMPLETED)
 
     def _finalize(
-        self, batch: BatchRecord, status: str, terminal: str, closing: str | None = None
+        self,
+        batch: BatchRecord,
+        status: BatchStatus,
+        terminal: BatchStatus,
+        closing: str | None = None,
     ) -> None:
         async def close() -> None:
             if closing is not None:

@@ -14,19 +14,19 @@ import orjson
 from backfill.domain import ids
 from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
-from backfill.domain.input_format import ENDPOINTS
-from backfill.domain.lifecycle import TERMINAL, BatchStatus
-from backfill.domain.money import worst_case
-from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
-from backfill.ports import Admission, BatchRecord, Catalog, Clock, Page, Store
-from backfill.services.files import (
-    INPUT_PURPOSE,
-    MAX_EXPIRY_S,
-    MIN_EXPIRY_S,
-    FileService,
+from backfill.domain.files import (
+    ACCEPTED_INPUT_GRACE_S,
+    FilePurpose,
     content_key,
     index_key,
 )
+from backfill.domain.input_format import ENDPOINTS
+from backfill.domain.lifecycle import TERMINAL, BatchStatus
+from backfill.domain.money import worst_case
+from backfill.domain.records import Admission, BatchRecord, Page
+from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
+from backfill.ports import BatchStore, Catalog, Clock
+from backfill.services.files import MAX_EXPIRY_S, MIN_EXPIRY_S, FileService
 
 log = logging.getLogger("backfill.batches")
 
@@ -46,7 +46,6 @@ MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
 # orjson, which hashes and stores the request, encodes at most this many levels of nesting.
 MAX_REQUEST_DEPTH = 254
-ACCEPTED_INPUT_GRACE_S = 24 * 3600
 # A creation interrupted by a passing storage or database fault is retried this often at most.
 ENQUEUE_RETRY_MAX_S = 60.0
 
@@ -145,7 +144,7 @@ class BatchStarter:
     creation met a fault and the process retrying it may be gone) and to expire one whose
     window ended before it started."""
 
-    def __init__(self, store: Store, files: FileService, clock: Clock) -> None:
+    def __init__(self, store: BatchStore, files: FileService, clock: Clock) -> None:
         self._store = store
         self._files = files
         self._clock = clock
@@ -182,7 +181,7 @@ class BatchStarter:
 class BatchService:
     def __init__(
         self,
-        store: Store,
+        store: BatchStore,
         files: FileService,
         catalog: Catalog,
         clock: Clock,
@@ -362,10 +361,10 @@ class BatchService:
                 "completion_window",
             )
         metadata = _check_metadata(request.get("metadata"))
-        file = await self._store.get_file(org_id, file_id)
-        if file is None or file.status == "deleted":
+        file = await self._files.find(org_id, file_id)
+        if file is None:
             raise NotFound(f"No file with id {file_id!r}; upload it first.", param="input_file_id")
-        if file.purpose != INPUT_PURPOSE:
+        if file.purpose != FilePurpose.BATCH:
             raise _bad(
                 f"File {file_id} has purpose {file.purpose!r}; use a 'batch' file.", "input_file_id"
             )
@@ -410,7 +409,7 @@ class BatchService:
             metadata=metadata,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
-            billing="gpu_time" if model.private else "catalog",
+            billing=model.billing,
             price_input=prices.input if prices else None,
             price_cached_input=prices.cached_input if prices else None,
             price_output=prices.output if prices else None,
@@ -424,7 +423,7 @@ class BatchService:
             raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
         return batch
 
-    async def list(self, org_id: str, after: str | None, limit: int) -> Page:
+    async def list(self, org_id: str, after: str | None, limit: int) -> Page[BatchRecord]:
         if not 1 <= limit <= 100:
             raise _bad(f"'limit' must be from 1 to 100 (it is {limit}).", "limit")
         return await self._store.list_batches(org_id, after, limit)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from backfill.domain.money import MAX_CREDIT, MAX_CREDIT_USD, usd_to_pico
+from backfill.domain.records import Ledger, Receipt
 from backfill.errors import InvalidInput, NotFound
-from backfill.ports import Clock, Ledger, Receipt, Store
+from backfill.ports import Clock, LedgerStore, TenantStore
 from backfill.services.tenants import find_org, printable
 
 MAX_NOTE_CHARS = 200
 
 
 class BillingService:
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: LedgerStore, tenants: TenantStore, clock: Clock) -> None:
         self._store = store
+        self._tenants = tenants
         self._clock = clock
 
     async def add_credit(self, org_name: str, usd: str, note: str | None = None) -> int:
@@ -33,7 +35,7 @@ class BillingService:
             )
         if note is not None:
             printable(note, "note", MAX_NOTE_CHARS, allow_empty=True)
-        org = await find_org(self._store, org_name)
+        org = await find_org(self._tenants, org_name)
         return await self._store.credit(org.id, amount, note, int(self._clock.now()))
 
     async def ledger(self, org_id: str) -> Ledger:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRICE, MAX_TOKENS
 from backfill.errors import InvalidInput, NotFound
-from backfill.ports import Clock, Store
+from backfill.ports import CatalogStore, Clock
 from backfill.services.tenants import printable
 
 MAX_MODEL_ID_CHARS = 256
@@ -51,7 +51,7 @@ def _check(model: CatalogModel) -> None:
 class CatalogService:
     """Reads are straight from the store: the table is small and price changes show at once."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: CatalogStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
 

@@ -7,24 +7,16 @@ from collections.abc import AsyncIterator
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.files import FilePurpose, FileStatus, content_key, index_key
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
+from backfill.domain.records import FileRecord, Page
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
-from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileRecord, Page, Store
+from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
 
-INPUT_PURPOSE = "batch"
-OUTPUT_PURPOSE = "batch_output"
 MIN_EXPIRY_S = 3600
 MAX_EXPIRY_S = 30 * 24 * 3600
 _INDEX_ENTRY = struct.Struct("<QIH")
-
-
-def content_key(file_id: str) -> str:
-    return f"files/{file_id}"
-
-
-def index_key(file_id: str) -> str:
-    return f"files/{file_id}.index"
 
 
 class Upload:
@@ -86,7 +78,7 @@ class Upload:
         return b"".join(parts)
 
     async def finish(self, purpose: str | None, expires_after_s: int | None) -> FileRecord:
-        if purpose != INPUT_PURPOSE:
+        if purpose != FilePurpose.BATCH:
             raise InvalidInput(
                 f"'purpose' must be 'batch' (it is {purpose!r}); only batch input files can be "
                 "uploaded.",
@@ -114,12 +106,12 @@ class Upload:
         record = FileRecord(
             id=self.file_id,
             org_id=self._org_id,
-            purpose=INPUT_PURPOSE,
+            purpose=FilePurpose.BATCH,
             filename=f"{self.file_id}.jsonl",
             bytes=size,
             created_at=now,
             expires_at=now + ttl,
-            status="processed",
+            status=FileStatus.PROCESSED,
             lines=summary.lines,
             model=summary.model,
             endpoint=summary.endpoint,
@@ -170,7 +162,7 @@ def parse_expires_after(anchor: str | None, seconds: str | None) -> int | None:
 class FileService:
     def __init__(
         self,
-        store: Store,
+        store: FileStore,
         blobs: BlobStore,
         catalog: Catalog,
         clock: Clock,
@@ -201,15 +193,24 @@ class FileService:
         models = {m.id: m for m in await self.catalog.all(org_id)}
         return Upload(self, org_id, content, index, file_id, models, retained)
 
-    async def get(self, org_id: str, file_id: str) -> FileRecord:
+    async def find(self, org_id: str, file_id: str) -> FileRecord | None:
+        """The org's file, None when there is none or its content is deleted."""
         record = await self.store.get_file(org_id, file_id)
-        if record is None or record.status == "deleted":
+        return None if record is None or record.status == FileStatus.DELETED else record
+
+    async def get(self, org_id: str, file_id: str) -> FileRecord:
+        record = await self.find(org_id, file_id)
+        if record is None:
             raise NotFound(f"No file with id {file_id!r}.", param="file_id")
         return record
 
+    async def expired(self, now: int, limit: int) -> list[FileRecord]:
+        """Files past their expiry that no unfinished batch needs, for the janitor."""
+        return await self.store.expired_files(now, limit)
+
     async def list_files(
         self, org_id: str, purpose: str | None, after: str | None, limit: int, order: str
-    ) -> Page:
+    ) -> Page[FileRecord]:
         if not 1 <= limit <= 10000:
             raise InvalidInput(
                 f"'limit' must be from 1 to 10000 (it is {limit}).",
@@ -224,7 +225,7 @@ class FileService:
 
     async def delete(self, org_id: str, file_id: str) -> FileRecord:
         record = await self.get(org_id, file_id)
-        if record.purpose == INPUT_PURPOSE:
+        if record.purpose == FilePurpose.BATCH:
             batch = await self.store.unfinished_batch_for_file(file_id)
             if batch is not None:
                 raise Conflict(
@@ -239,7 +240,7 @@ class FileService:
         """Delete a file's bytes (and a result file's per-request results), then mark it."""
         await self.blobs.delete(content_key(record.id))
         await self.blobs.delete(index_key(record.id))
-        if record.purpose == OUTPUT_PURPOSE and record.batch_id:
+        if record.purpose == FilePurpose.BATCH_OUTPUT and record.batch_id:
             await self.store.purge_results(record.batch_id)
         await self.store.mark_file_deleted(record.id)
 

@@ -6,13 +6,13 @@ import logging
 from collections.abc import Callable
 
 from backfill.metrics import Metrics
-from backfill.ports import Store
+from backfill.ports import OperationsStore
 
 log = logging.getLogger("backfill.api")
 
 
 class Operations:
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: OperationsStore, metrics: Metrics) -> None:
         self._store = store
         self.metrics = metrics
         # Called before each scrape: the worker refreshes the gauges only it knows.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from backfill.domain import ids
-from backfill.ports import Clock, Store
+from backfill.ports import Clock, OperationsStore
 from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.retention")
@@ -16,7 +16,7 @@ JANITOR = "janitor"
 
 class Janitor:
     def __init__(
-        self, store: Store, files: FileService, clock: Clock, lease_s: float = 120.0
+        self, store: OperationsStore, files: FileService, clock: Clock, lease_s: float = 120.0
     ) -> None:
         self._store = store
         self._files = files
@@ -34,7 +34,7 @@ class Janitor:
             now = self._clock.now()
             if not await self._store.take_singleton(JANITOR, self.holder, now + self._lease_s, now):
                 break
-            expired = await self._store.expired_files(int(now), batch_size)
+            expired = await self._files.expired(int(now), batch_size)
             for record in expired:
                 await self._files.remove(record)
             removed += len(expired)

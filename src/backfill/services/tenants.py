@@ -7,8 +7,9 @@ import secrets
 from dataclasses import dataclass
 
 from backfill.domain import ids
+from backfill.domain.records import ApiKey, Org
 from backfill.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from backfill.ports import ApiKey, Clock, Org, Store
+from backfill.ports import Clock, LedgerStore, TenantStore
 
 WRITE = "inference:write"
 READ = "requests:read"
@@ -48,7 +49,7 @@ def printable(value: str, param: str, max_chars: int, *, allow_empty: bool = Fal
     return value
 
 
-async def find_org(store: Store, name: str) -> Org:
+async def find_org(store: TenantStore, name: str) -> Org:
     """The org named ``name``; NotFound otherwise (an impossible name never reaches the
     database)."""
     org = await store.org_by_name(name) if ids.plausible(name, MAX_ORG_NAME_CHARS) else None
@@ -81,8 +82,9 @@ class NewKey:
 
 
 class TenantService:
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: TenantStore, ledger: LedgerStore, clock: Clock) -> None:
         self._store = store
+        self._ledger = ledger
         self._clock = clock
 
     async def create_org(self, name: str) -> Org:
@@ -168,7 +170,7 @@ class TenantService:
             return None
         org = await self.create_org(name)
         if credit > 0:
-            await self._store.credit(org.id, credit, "starting credit", int(self._clock.now()))
+            await self._ledger.credit(org.id, credit, "starting credit", int(self._clock.now()))
         return await self.create_key(name, SCOPES)
 
     async def org(self, name: str) -> Org:

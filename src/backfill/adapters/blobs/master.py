@@ -23,7 +23,8 @@ from backfill.adapters.blobs.crypto import (
     new_master_key,
 )
 from backfill.adapters.private import create_private, fsync_dir, private_dir
-from backfill.ports import KeyringRecord, KeyringStore
+from backfill.domain.records import KeyringRecord
+from backfill.ports import KeyringStore
 
 SETTING = "master_key (BACKFILL_MASTER_KEY)"
 # Format 2 binds each blob to its storage key; a database that starts empty never needs 1.

@@ -25,13 +25,8 @@ from backfill.domain.money import (
     MAX_CREDIT_USD,
     pico_to_usd,
 )
+from backfill.domain.records import ApiKey, Ledger, Org, Receipt, ReceiptKind
 from backfill.errors import Conflict, InvalidInput, NotFound
-from backfill.ports import (
-    ApiKey,
-    Ledger,
-    Org,
-    Receipt,
-)
 
 log = logging.getLogger("backfill.db")
 
@@ -252,7 +247,7 @@ class AccountQueries(SqlBase):
         return Receipt(
             request_id=row.request_id,
             org_id=row.org_id,
-            kind=row.kind,
+            kind=ReceiptKind(row.kind),
             batch_id=row.batch_id,
             custom_id=row.custom_id,
             model_config_id=row.model_config_id,

@@ -26,18 +26,13 @@ from backfill.domain import ids
 from backfill.domain.chunks import ChunkRef
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
+from backfill.domain.records import Admission, BatchRecord, FileRecord, Page
 from backfill.errors import (
     Conflict,
     InvalidInput,
     PaymentRequired,
     RateLimited,
     retained_input_limit,
-)
-from backfill.ports import (
-    Admission,
-    BatchRecord,
-    FileRecord,
-    Page,
 )
 
 # Lines per insert transaction: whole chunks are added together.
@@ -113,7 +108,7 @@ class BatchQueries(SqlBase):
 
     async def list_files(
         self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
-    ) -> Page:
+    ) -> Page[FileRecord]:
         query = select(t.files).where(t.files.c.org_id == org_id, t.files.c.status != "deleted")
         if purpose:
             query = query.where(t.files.c.purpose == purpose)
@@ -386,7 +381,7 @@ class BatchQueries(SqlBase):
             ).first()
         return batch_of(row) if row else None
 
-    async def list_batches(self, org_id: str, after: str | None, limit: int) -> Page:
+    async def list_batches(self, org_id: str, after: str | None, limit: int) -> Page[BatchRecord]:
         query = select(t.batches).where(t.batches.c.org_id == org_id)
         async with self.engine.connect() as conn:
             if after:

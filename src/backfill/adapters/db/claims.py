@@ -19,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
+from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import ItemState
-from backfill.ports import Claim, ClaimedItem, WorkBatch
+from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 
 # Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
 LANES_PER_CLAIM = 4
@@ -115,7 +116,7 @@ class ClaimQueries(SqlBase):
                         model=row.model,
                         endpoint=row.endpoint,
                         input_file_id=row.input_file_id,
-                        billing=row.billing,
+                        billing=Billing(row.billing),
                         expires_at=row.batch_expires_at,
                     )
                     claims.append(Claim(batch, row.chunk, items))
@@ -312,7 +313,11 @@ async def open_lane(conn: AsyncConnection, batch: Any, is_sqlite: bool) -> None:
         )
     ).scalar_one()
     lanes = t.lanes
-    row = {"model": batch.model, "org_id": batch.org_id, "metered": batch.billing == "gpu_time"}
+    row = {
+        "model": batch.model,
+        "org_id": batch.org_id,
+        "metered": batch.billing == Billing.GPU_TIME,
+    }
     if is_sqlite:
         await conn.execute(insert(lanes).prefix_with("OR IGNORE").values(**row))
     else:

@@ -18,7 +18,7 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import file_values, release_reservation
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus
-from backfill.ports import FileRecord, FinalizeLease
+from backfill.domain.records import FileRecord, FinalizeLease
 
 
 class FinalizeQueries(SqlBase):

@@ -7,7 +7,7 @@ from sqlalchemy.exc import IntegrityError
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
-from backfill.ports import KeyringRecord
+from backfill.domain.records import KeyringRecord
 
 # One row: the key of this database's content. A table rather than a setting so that every
 # process of a scale-out deployment checks its key against the same value.

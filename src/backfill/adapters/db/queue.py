@@ -17,12 +17,10 @@ from backfill.adapters.db.rows import (
     prices_of,
     release_reservation,
 )
+from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
 from backfill.domain.money import token_charge
-from backfill.ports import (
-    ItemResult,
-    StoredResult,
-)
+from backfill.domain.records import ItemResult, ReceiptKind, StoredResult
 
 _RESULT_PAGE = 1000
 
@@ -36,7 +34,7 @@ class Settling:
         self.org_id: str = row.org_id
         self.model_config_id: str = row.model_config_id
         self.reserved: int = row.reserved
-        self.prices = prices_of(row) if row.billing == "catalog" else None
+        self.prices = prices_of(row) if row.billing == Billing.CATALOG else None
         self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
         self.charged = self.released = 0
 
@@ -55,7 +53,7 @@ class Settling:
         return {
             "request_id": r.request_id,
             "org_id": self.org_id,
-            "kind": "tokens",
+            "kind": ReceiptKind.TOKENS,
             "batch_id": self.id,
             "idx": r.idx,
             "custom_id": r.custom_id,

@@ -11,12 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.domain import lifecycle
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import Billing, CatalogModel
+from backfill.domain.files import FilePurpose, FileStatus
+from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
-from backfill.ports import (
-    BatchRecord,
-    FileRecord,
-)
+from backfill.domain.records import BatchRecord, FileRecord
 
 BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
 FILE_FIELDS = [f.name for f in fields(FileRecord)]
@@ -51,12 +50,18 @@ def model_of(row: Any) -> CatalogModel:
 
 def batch_of(row: Any) -> BatchRecord:
     data = dict(row._mapping)
-    return BatchRecord(**{k: data[k] for k in BATCH_FIELDS})
+    record = BatchRecord(**{k: data[k] for k in BATCH_FIELDS})
+    record.status = BatchStatus(record.status)
+    record.billing = Billing(record.billing)
+    return record
 
 
 def file_of(row: Any) -> FileRecord:
     data = dict(row._mapping)
-    return FileRecord(**{k: data[k] for k in FILE_FIELDS})
+    record = FileRecord(**{k: data[k] for k in FILE_FIELDS})
+    record.purpose = FilePurpose(record.purpose)
+    record.status = FileStatus(record.status)
+    return record
 
 
 def file_values(record: FileRecord) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from backfill.adapters.http.deps import Services, services
 from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, pico_to_usd
-from backfill.ports import ApiKey
+from backfill.domain.records import ApiKey
 
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
 

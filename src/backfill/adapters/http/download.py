@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from starlette.responses import Response, StreamingResponse
 
 from backfill.adapters.http.envelope import error_response
+from backfill.domain.files import content_key
+from backfill.domain.records import FileRecord
 from backfill.errors import ContentUnreadable
-from backfill.ports import FileRecord
-from backfill.services.files import FileService, content_key
+from backfill.services.files import FileService
 
 MEDIA_TYPE = "application/jsonl"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import pico_to_usd
-from backfill.ports import BatchRecord, FileRecord, Receipt
+from backfill.domain.records import BatchRecord, FileRecord, Receipt
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:

@@ -1,0 +1,245 @@
+"""The records Backfill keeps: tenants, files, batches, the work queue and the ledger.
+
+Ports take and return these; adapters map them to rows. They hold no behaviour beyond
+derived properties, so every layer may use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from backfill.domain.catalog import Billing
+from backfill.domain.files import FilePurpose, FileStatus
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.money import Prices
+
+T = TypeVar("T")
+
+
+class ReceiptKind(StrEnum):
+    """What a receipt charges for."""
+
+    TOKENS = "tokens"
+    """One request of a catalog batch, at its revision's token prices."""
+    GPU_TIME = "gpu_time"
+    """A span of a private deployment's GPU time."""
+
+
+@dataclass(slots=True)
+class Org:
+    id: str
+    name: str
+    created_at: int
+
+
+@dataclass(slots=True)
+class ApiKey:
+    id: str
+    org_id: str
+    prefix: str
+    scopes: frozenset[str]
+    name: str | None = None
+    created_at: int = 0
+    last_used_at: int | None = None
+    revoked_at: int | None = None
+
+
+@dataclass(slots=True)
+class FileRecord:
+    id: str
+    org_id: str
+    purpose: FilePurpose
+    filename: str
+    bytes: int
+    created_at: int
+    expires_at: int | None
+    status: FileStatus
+    lines: int = 0
+    model: str | None = None
+    endpoint: str | None = None
+    batch_id: str | None = None
+    prompt_token_bound: int = 0
+    max_output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    id: str
+    org_id: str
+    endpoint: str
+    model: str
+    model_config_id: str
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    created_at: int
+    expires_at: int
+    total: int
+    metadata: dict[str, str] | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    errors: list[dict[str, Any]] | None = None
+    billing: Billing = Billing.CATALOG
+    price_input: int | None = None
+    price_cached_input: int | None = None
+    price_output: int | None = None
+    cached_tokens: int = 0
+    reserved: int = 0
+    charged: int = 0
+    output_token_bound: int = 0
+    output_expires_after_s: int | None = None
+
+    @property
+    def prices(self) -> Prices | None:
+        return Prices.stored(self.price_input, self.price_cached_input, self.price_output)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedItem:
+    batch_id: str
+    idx: int
+    offset: int
+    length: int
+    custom_id: str
+    chunk: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkBatch:
+    """What running a batch's lines needs to know about it: a claim returns it with them, so
+    workers never list batches to find work."""
+
+    id: str
+    org_id: str
+    model: str
+    endpoint: str
+    input_file_id: str
+    billing: Billing
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Lines of one chunk of one batch, leased to the claimer, in index order."""
+
+    batch: WorkBatch
+    chunk: int
+    items: list[ClaimedItem]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """A request's outcome; a successful one of a catalog batch is charged when stored."""
+
+    batch_id: str
+    idx: int
+    lease_token: str
+    ok: bool
+    payload: bytes
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    request_id: str | None = None
+    custom_id: str = ""
+    finished_at: float = 0.0
+    """When the request ended, by the worker's clock: its receipt's time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What accepting one batch must satisfy, checked atomically with its creation."""
+
+    reserve: int
+    require_positive_balance: bool
+    max_unfinished: int
+    max_retained_input_bytes: int
+    throughput_tokens_per_s: int | None
+    # The input file is kept at least until then, set with the batch row so that an accepted
+    # batch never leaves its input on the ordinary upload expiry.
+    input_expires_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    request_id: str
+    org_id: str
+    kind: ReceiptKind
+    batch_id: str | None
+    custom_id: str | None
+    model_config_id: str | None
+    deployment_id: str | None
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    prices: Prices | None
+    gpu_count: int | None
+    gpu_ms: int | None
+    amount: int
+    started_at: float | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """An org's money, in picodollars, as the database holds it."""
+
+    credits: int
+    charges: int
+    balance: int
+    reserved: int
+    receipts: int = 0
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.reserved
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    idx: int
+    custom_id: str
+    ok: bool
+    payload: bytes | None
+    error_code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeLease:
+    """The answer to ``Store.take_finalize``."""
+
+    taken: bool
+    previous: str | None = None
+    """The token of the holder before this one (its blobs may be left), when taken."""
+
+
+@dataclass(slots=True)
+class Page(Generic[T]):
+    """One page of a listing, in the API's order; ``has_more`` when another follows."""
+
+    items: list[T] = field(default_factory=list)
+    has_more: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KeyringRecord:
+    """What the database knows about the master key its content was sealed with."""
+
+    check_value: str
+    min_blob_format: int
+    """The oldest blob format still accepted on read (1 until old blobs are re-encrypted)."""
+    created_at: int
