@@ -79,6 +79,7 @@ def result(batch_id: str, idx: int, token: str, ok: bool = True) -> ItemResult:
         cached_tokens=2 if ok else 0,
         request_id=f"req_{batch_id}_{idx}",
         custom_id=f"req-{idx}",
+        finished_at=time.time(),
     )
 
 

@@ -32,3 +32,9 @@ def content_key(file_id: str) -> str:
 def index_key(file_id: str) -> str:
     """The blob holding an input file's line index (``LineIndex``)."""
     return f"files/{file_id}.index"
+
+
+def input_expiry_at_publish(current: int | None, now: int) -> int:
+    """When a finished batch's input may go: now, unless it was due to go sooner. The janitor
+    still keeps it while another unfinished batch reads it."""
+    return now if current is None else min(current, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 
 
 def _token() -> str:
@@ -27,6 +28,14 @@ def request_id() -> str:
 
 def org_id() -> str:
     return f"org_{_token()}"
+
+
+def key_id() -> str:
+    return f"key_{secrets.token_hex(8)}"
+
+
+def credit_id() -> str:
+    return f"cr_{uuid.uuid4().hex}"
 
 
 def lease_token() -> str:

@@ -192,6 +192,8 @@ class Receipt:
     amount: int
     started_at: float | None
     created_at: float
+    idx: int | None = None
+    """The line of ``batch_id`` a token receipt charges; one receipt per line at most."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,7 @@ class TenantService:
         prefix = KEY_PREFIX + body[:6]
         secret = f"{KEY_PREFIX}{body}"
         key = ApiKey(
-            id=f"key_{secrets.token_hex(8)}",
+            id=ids.key_id(),
             org_id=org.id,
             prefix=prefix,
             scopes=scopes,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,10 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
-from backfill.adapters.db.rows import (
-    model_of,
-    prices_of,
-)
+from backfill.adapters.db.rows import model_of, receipt_of, receipt_values
+from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import (
     MAX_BALANCE,
@@ -25,7 +22,7 @@ from backfill.domain.money import (
     MAX_CREDIT_USD,
     pico_to_usd,
 )
-from backfill.domain.records import ApiKey, Ledger, Org, Receipt, ReceiptKind
+from backfill.domain.records import ApiKey, Ledger, Org, Receipt
 from backfill.errors import Conflict, InvalidInput, NotFound
 
 log = logging.getLogger("backfill.db")
@@ -66,8 +63,8 @@ class AccountQueries(SqlBase):
                 await conn.execute(
                     insert(t.orgs).values(id=org.id, name=org.name, created_at=org.created_at)
                 )
-            except IntegrityError:
-                raise Conflict(f"An organization named {org.name!r} already exists.") from None
+            except IntegrityError as exc:
+                raise Conflict(f"An organization named {org.name!r} already exists.") from exc
 
     async def org_by_name(self, name: str) -> Org | None:
         async with self.engine.connect() as conn:
@@ -199,7 +196,7 @@ class AccountQueries(SqlBase):
                 )
             await conn.execute(
                 insert(t.credits).values(
-                    id=f"cr_{uuid.uuid4().hex}",
+                    id=ids.credit_id(),
                     org_id=org_id,
                     amount=amount,
                     note=note,
@@ -242,43 +239,11 @@ class AccountQueries(SqlBase):
                     select(r).where(r.c.request_id == request_id, r.c.org_id == org_id)
                 )
             ).first()
-        if row is None:
-            return None
-        return Receipt(
-            request_id=row.request_id,
-            org_id=row.org_id,
-            kind=ReceiptKind(row.kind),
-            batch_id=row.batch_id,
-            custom_id=row.custom_id,
-            model_config_id=row.model_config_id,
-            deployment_id=row.deployment_id,
-            input_tokens=row.input_tokens,
-            cached_tokens=row.cached_tokens,
-            output_tokens=row.output_tokens,
-            prices=prices_of(row),
-            gpu_count=row.gpu_count,
-            gpu_ms=row.gpu_ms,
-            amount=row.amount,
-            started_at=row.started_at,
-            created_at=row.created_at,
-        )
+        return receipt_of(row) if row else None
 
     async def charge_gpu_time(self, receipt: Receipt) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(
-                insert(t.receipts).values(
-                    request_id=receipt.request_id,
-                    org_id=receipt.org_id,
-                    kind=receipt.kind,
-                    deployment_id=receipt.deployment_id,
-                    model_config_id=receipt.model_config_id,
-                    gpu_count=receipt.gpu_count,
-                    gpu_ms=receipt.gpu_ms,
-                    amount=receipt.amount,
-                    started_at=receipt.started_at,
-                    created_at=receipt.created_at,
-                )
-            )
+            await conn.execute(insert(t.receipts).values(**receipt_values(receipt)))
             await conn.execute(
                 update(t.orgs)
                 .where(t.orgs.c.id == receipt.org_id)

@@ -8,19 +8,18 @@ which it takes last, in key order.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, delete, func, insert, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Select, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.catalog import Billing
-from backfill.domain.lifecycle import ItemState
+from backfill.domain.lifecycle import BatchStatus, ItemState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 
 # Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
@@ -32,6 +31,8 @@ _LANES_LOOKED_AT = 4 * LANES_PER_CLAIM
 _RENEW_CHUNK = 1000
 # Expired leases put back per sweep statement.
 _SWEEP_LIMIT = 5000
+# The end given to leases released all at once: earlier than any lease a clock could set.
+_ENDED = -1.0
 
 
 class ChunkState:
@@ -46,31 +47,18 @@ _LANES = """
     SELECT l.model, l.org_id, l.served FROM lanes l JOIN orgs o ON o.id = l.org_id
     WHERE l.model IN :models AND l.ready > 0 AND (NOT l.metered OR o.balance > 0)
 """
-_READY_CHUNK = """
-    SELECT {cols} FROM chunks c
+_RUNNING = BatchStatus.IN_PROGRESS.value
+_READY_CHUNK = f"""
+    SELECT {{cols}} FROM chunks c
     WHERE c.model = l.model AND c.org_id = l.org_id AND c.state = 0 AND c.expires_at > :now
       AND (c.not_before IS NULL OR c.not_before <= :now)
-      AND EXISTS (SELECT 1 FROM batches b WHERE b.id = c.batch_id AND b.status = 'in_progress')
+      AND EXISTS (SELECT 1 FROM batches b WHERE b.id = c.batch_id AND b.status = '{_RUNNING}')
     ORDER BY c.expires_at, c.batch_id, c.chunk LIMIT 1
 """
-_BATCH_COLS = "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at"
-_PICK_PG = f"""
-    SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, {_BATCH_COLS}
-    FROM ({_LANES} ORDER BY l.served, l.org_id LIMIT :lanes) l
-    CROSS JOIN LATERAL ({_READY_CHUNK.format(cols="c.*")} FOR UPDATE OF c SKIP LOCKED) c
-    JOIN batches b ON b.id = c.batch_id
-    ORDER BY l.served, l.org_id LIMIT :k
-"""
-# SQLite has one writer, so nothing else changes these rows while the claim's statements run.
-_PICK_SQLITE = f"""
-    SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, {_BATCH_COLS}
-    FROM chunks c JOIN batches b ON b.id = c.batch_id
-    WHERE c.rowid IN (
-        SELECT r FROM (
-            SELECT ({_READY_CHUNK.format(cols="c.rowid")}) AS r
-            FROM ({_LANES} ORDER BY l.served, l.org_id LIMIT :lanes) l
-        ) WHERE r IS NOT NULL LIMIT :k)
-"""
+_PICKED = (
+    "c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, "
+    "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at"
+)
 
 
 class ClaimQueries(SqlBase):
@@ -81,7 +69,7 @@ class ClaimQueries(SqlBase):
         least-served lanes, lines in index order within each."""
         if not models or limit <= 0:
             return []
-        pick = text(_PICK_SQLITE if self.is_sqlite else _PICK_PG).bindparams(
+        pick = text(self.dialect.one_chunk_per_lane(_LANES, _READY_CHUNK, _PICKED)).bindparams(
             bindparam("models", expanding=True)
         )
         claims: list[Claim] = []
@@ -144,23 +132,11 @@ class ClaimQueries(SqlBase):
         pick = queued_lines(chunk.batch_id, chunk.first_idx, chunk.end_idx, now, limit)
         values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
         returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
-        if self.is_sqlite:
-            stmt = (
-                update(i)
-                .where(i.c.batch_id == chunk.batch_id, i.c.idx.in_(pick.scalar_subquery()))
-                .values(**values)
-                .returning(*returning)
-            )
-        else:
-            # A CTE runs once (an IN-subquery may be re-run per row and claim past the limit);
-            # lines another transaction holds are skipped, never waited for.
-            picked = pick.with_for_update(skip_locked=True).cte("picked")
-            stmt = (
-                update(i)
-                .where(i.c.batch_id == chunk.batch_id, i.c.idx == picked.c.idx)
-                .values(**values)
-                .returning(*returning)
-            )
+        stmt = (
+            self.dialect.update_picked(i, i.c.batch_id == chunk.batch_id, i.c.idx, pick)
+            .values(**values)
+            .returning(*returning)
+        )
         rows = (await conn.execute(stmt)).all()
         return sorted(
             (
@@ -231,7 +207,7 @@ class ClaimQueries(SqlBase):
                 )
             ).scalar()
             if chunk is not None:
-                await _reopen(conn, {(batch_id, chunk): not_before})
+                await _reopen(conn, self.dialect, {(batch_id, chunk): not_before})
 
     async def requeue_expired(self, now: float) -> int:
         """Put lines whose lease ran out back in the queue (their worker died or stalled).
@@ -257,19 +233,19 @@ class ClaimQueries(SqlBase):
                 )
             ).all()
             chunks = {(r.batch_id, r.chunk): None for r in expired if r.chunk is not None}
-            await _reopen(conn, chunks)
+            await _reopen(conn, self.dialect, chunks)
         return len(moved)
 
     async def release_all_leases(self) -> None:
         """At the start of a worker alone on its database: every lease is its own, from before."""
-        now = time.time()
         async with self.writing("releasing leases") as conn:
             await conn.execute(
                 update(t.items)
                 .where(t.items.c.state == ItemState.LEASED)
-                .values(lease_until=now - 1)
+                .values(lease_until=_ENDED)
             )
-        while await self.requeue_expired(now):
+        # Every lease now ended before any clock's zero, whatever clock the worker keeps.
+        while await self.requeue_expired(0.0):
             pass
 
 
@@ -302,7 +278,7 @@ def expired_leases(now: float) -> Select[Any]:
     )
 
 
-async def open_lane(conn: AsyncConnection, batch: Any, is_sqlite: bool) -> None:
+async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None:
     """A batch starts: its lane gains its chunks. A lane that was idle starts level with the
     least-served busy lane of its model, so it neither waits behind nor floods the others."""
     ready = (
@@ -318,21 +294,17 @@ async def open_lane(conn: AsyncConnection, batch: Any, is_sqlite: bool) -> None:
         "org_id": batch.org_id,
         "metered": batch.billing == Billing.GPU_TIME,
     }
-    if is_sqlite:
-        await conn.execute(insert(lanes).prefix_with("OR IGNORE").values(**row))
-    else:
-        await conn.execute(pg_insert(lanes).values(**row).on_conflict_do_nothing())
+    await conn.execute(dialect.insert_ignoring(lanes).values(**row))
     level = (
         select(func.coalesce(func.min(lanes.c.served), 0))
         .where(lanes.c.model == batch.model, lanes.c.ready > 0)
         .scalar_subquery()
     )
-    larger = func.max if is_sqlite else func.greatest
     await conn.execute(
         update(lanes)
         .where(lanes.c.model == batch.model, lanes.c.org_id == batch.org_id)
         .values(
-            served=larger(lanes.c.served, level),
+            served=dialect.greatest(lanes.c.served, level),
             ready=lanes.c.ready + ready,
             metered=row["metered"],
         )
@@ -358,7 +330,9 @@ async def drop_chunks(conn: AsyncConnection, batch_id: str) -> None:
         )
 
 
-async def _reopen(conn: AsyncConnection, chunks: Mapping[tuple[str, int], float | None]) -> None:
+async def _reopen(
+    conn: AsyncConnection, dialect: Dialect, chunks: Mapping[tuple[str, int], float | None]
+) -> None:
     """Lines of these chunks went back to the queue (with a not-before time, or None): a taken
     chunk is ready again, and its lane counts it."""
     c = t.chunks
@@ -366,9 +340,7 @@ async def _reopen(conn: AsyncConnection, chunks: Mapping[tuple[str, int], float 
     for (batch_id, chunk), not_before in sorted(chunks.items()):
         key = (c.c.batch_id == batch_id) & (c.c.chunk == chunk)
         query = select(c.c.state, c.c.not_before, c.c.model, c.c.org_id).where(key)
-        if conn.dialect.name != "sqlite":
-            query = query.with_for_update()
-        row = (await conn.execute(query)).first()
+        row = (await conn.execute(dialect.for_update(query))).first()
         if row is None:
             continue  # the batch stopped running: its chunks are gone
         if row.state == ChunkState.TAKEN:

@@ -1,33 +1,20 @@
-"""The database engine: URLs, SQLite pragmas, migrations at start."""
+"""The database engine: URLs, the dialect, migrations at start, failed writes."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import AsyncAdaptedQueuePool
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from backfill.adapters.db.dialect import POSTGRES, SQLITE
 from backfill.adapters.db.migrate import upgrade
 from backfill.errors import StorageError
 
 # PostgreSQL's class 53 "insufficient resources": disk_full, out_of_memory, too_many_connections.
 _PG_NO_ROOM = "53"
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    # WAL lets readers run beside the writer; FULL makes every commit survive power loss,
-    # which is what "a result counts once it is durably stored" needs.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
 
 
 def async_url(url: str) -> str:
@@ -59,21 +46,13 @@ class SqlBase:
         url = async_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
-        if self.is_sqlite:
-            # One connection: SQLite has one writer anyway, and serialising here avoids
-            # "database is locked" retries under load.
-            self.engine: AsyncEngine = create_async_engine(
-                url, poolclass=AsyncAdaptedQueuePool, pool_size=1, max_overflow=0
-            )
-            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
-        else:
-            self.engine = create_async_engine(url, pool_size=10, max_overflow=10)
+        self.dialect = SQLITE if self.is_sqlite else POSTGRES
+        self.engine: AsyncEngine = self.dialect.engine(url)
 
     async def init(self) -> None:
         """Bring the schema up to date (Alembic); safe when several processes start at once."""
         async with self.engine.begin() as conn:
-            if not self.is_sqlite:
-                await conn.execute(text("SELECT pg_advisory_xact_lock(4242001)"))
+            await self.dialect.serialize_migrations(conn)
             await conn.run_sync(upgrade)
 
     @asynccontextmanager

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import insert, or_, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import file_values, release_reservation
+from backfill.domain.files import input_expiry_at_publish
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus
 from backfill.domain.records import FileRecord, FinalizeLease
 
@@ -106,46 +105,52 @@ class FinalizeQueries(SqlBase):
         if column:
             values[column] = now
         async with self.engine.begin() as conn:
-            res = await conn.execute(
-                update(b)
-                .where(
-                    b.c.id == batch_id,
-                    b.c.status == expected_status,
-                    # The fence: only the current lease holder publishes. One whose lease ran
-                    # out and was taken over finds another token here.
-                    b.c.finalizer == token,
+            published = (
+                await conn.execute(
+                    update(b)
+                    .where(
+                        b.c.id == batch_id,
+                        b.c.status == expected_status,
+                        # The fence: only the current lease holder publishes. One whose lease
+                        # ran out and was taken over finds another token here.
+                        b.c.finalizer == token,
+                    )
+                    .values(**values)
+                    .returning(b.c.input_file_id)
                 )
-                .values(**values)
-            )
-            if not res.rowcount:
+            ).first()
+            if published is None:
                 return False
             for record in (output, errors):
                 await conn.execute(insert(t.files).values(**file_values(record)))
             await release_reservation(conn, batch_id)
             # Accepted input is removed once its batch is over (SPEC §10.3): the janitor takes
             # it unless another unfinished batch still reads it.
-            input_id = select(b.c.input_file_id).where(b.c.id == batch_id)
-            await conn.execute(
-                update(t.files)
-                .where(t.files.c.id == input_id.scalar_subquery())
-                .values(
-                    expires_at=func.min(t.files.c.expires_at, now)
-                    if self.is_sqlite
-                    else func.least(t.files.c.expires_at, now)
+            f = t.files
+            current = (
+                await conn.execute(
+                    self.dialect.for_update(
+                        select(f.c.expires_at).where(f.c.id == published.input_file_id)
+                    )
                 )
-            )
+            ).first()
+            if current is not None:
+                await conn.execute(
+                    update(f)
+                    .where(f.c.id == published.input_file_id)
+                    .values(expires_at=input_expiry_at_publish(current.expires_at, now))
+                )
         return True
 
     async def take_singleton(self, name: str, holder: str, until: float, now: float) -> bool:
         s = t.singletons
-        # One upsert on both databases: concurrent takers of a free or expired name serialise
-        # on its row, and the conflict branch only fires for an expired lease or its holder.
-        ins = (sqlite_insert if self.is_sqlite else pg_insert)(s).values(
-            name=name, holder=holder, until=until
-        )
-        stmt = ins.on_conflict_do_update(
-            index_elements=[s.c.name],
-            set_={"holder": ins.excluded.holder, "until": ins.excluded.until},
+        # One upsert: concurrent takers of a free or expired name serialise on its row, and
+        # the conflict branch only fires for an expired lease or its holder.
+        stmt = self.dialect.upsert(
+            s,
+            {"name": name, "holder": holder, "until": until},
+            key=[s.c.name],
+            replace=["holder", "until"],
             where=or_(s.c.until < now, s.c.holder == holder),
         ).returning(s.c.name)
         async with self.engine.begin() as conn:

@@ -7,6 +7,7 @@ from sqlalchemy.exc import IntegrityError
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
+from backfill.domain.files import FileStatus
 from backfill.domain.records import KeyringRecord
 
 # One row: the key of this database's content. A table rather than a setting so that every
@@ -51,7 +52,7 @@ class KeyringQueries(SqlBase):
             return bool((await conn.execute(query)).scalar_one())
 
     async def stored_file_ids(self, after: str | None, limit: int) -> list[str]:
-        query = select(t.files.c.id).where(t.files.c.status != "deleted")
+        query = select(t.files.c.id).where(t.files.c.status != FileStatus.DELETED)
         if after is not None:
             query = query.where(t.files.c.id > after)
         async with self.engine.connect() as conn:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -15,97 +14,65 @@ from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import (
     TERMINAL,
     prices_of,
+    receipt_values,
     release_reservation,
 )
 from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
-from backfill.domain.money import token_charge
-from backfill.domain.records import ItemResult, ReceiptKind, StoredResult
+from backfill.domain.records import ItemResult, StoredResult
+from backfill.domain.settlement import BatchTerms, Settlement, settle
 
 _RESULT_PAGE = 1000
 
 
-class Settling:
-    """Counts and charges of one batch within a result write: receipts, then one batch update;
-    ``charged`` and ``released`` are what its org row owes once all batches are done."""
+def _terms_of(row: Any) -> BatchTerms:
+    return BatchTerms(
+        id=row.id,
+        org_id=row.org_id,
+        model_config_id=row.model_config_id,
+        billing=Billing(row.billing),
+        prices=prices_of(row),
+        reserved=row.reserved,
+    )
 
-    def __init__(self, row: Any) -> None:
-        self.id: str = row.id
-        self.org_id: str = row.org_id
-        self.model_config_id: str = row.model_config_id
-        self.reserved: int = row.reserved
-        self.prices = prices_of(row) if row.billing == Billing.CATALOG else None
-        self.ok = self.failed = self.tokens_in = self.tokens_out = self.cached = 0
-        self.charged = self.released = 0
 
-    def add(self, r: ItemResult, now: float) -> dict[str, Any] | None:
-        if not r.ok:
-            self.failed += 1
-            return None
-        self.ok += 1
-        self.tokens_in += r.input_tokens
-        self.tokens_out += r.output_tokens
-        self.cached += r.cached_tokens
-        if self.prices is None or r.request_id is None:
-            return None
-        amount = token_charge(self.prices, r.input_tokens, r.cached_tokens, r.output_tokens)
-        self.charged += amount
-        return {
-            "request_id": r.request_id,
-            "org_id": self.org_id,
-            "kind": ReceiptKind.TOKENS,
-            "batch_id": self.id,
-            "idx": r.idx,
-            "custom_id": r.custom_id,
-            "model_config_id": self.model_config_id,
-            "input_tokens": r.input_tokens,
-            "cached_tokens": r.cached_tokens,
-            "output_tokens": r.output_tokens,
-            "price_input": self.prices.input,
-            "price_cached_input": self.prices.cached_input,
-            "price_output": self.prices.output,
-            "amount": amount,
-            "created_at": now,
-        }
-
-    async def apply(self, conn: AsyncConnection, now: float) -> None:
-        """Add this write's counts to the batch row (locked since the write's first select), and
-        move the batch to ``finalizing`` when they complete it. The org row is left to the
-        caller, which updates each org once, in id order, after every batch."""
-        if not (self.ok or self.failed):
-            return
-        b = t.batches
-        self.released = min(self.charged, self.reserved)
-        row = (
-            await conn.execute(
-                update(b)
-                .where(b.c.id == self.id)
-                .values(
-                    completed=b.c.completed + self.ok,
-                    failed=b.c.failed + self.failed,
-                    input_tokens=b.c.input_tokens + self.tokens_in,
-                    output_tokens=b.c.output_tokens + self.tokens_out,
-                    cached_tokens=b.c.cached_tokens + self.cached,
-                    charged=b.c.charged + self.charged,
-                    reserved=b.c.reserved - self.released,
-                )
-                .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
+async def _apply(conn: AsyncConnection, batch_id: str, settlement: Settlement) -> None:
+    """Add a write's counts to its batch's row (locked since the write's first select), and
+    move the batch to ``finalizing`` when they complete it. The org row is left to the
+    caller, which updates each org once, in id order, after every batch."""
+    if not settlement.counted:
+        return
+    b = t.batches
+    row = (
+        await conn.execute(
+            update(b)
+            .where(b.c.id == batch_id)
+            .values(
+                completed=b.c.completed + settlement.completed,
+                failed=b.c.failed + settlement.failed,
+                input_tokens=b.c.input_tokens + settlement.input_tokens,
+                output_tokens=b.c.output_tokens + settlement.output_tokens,
+                cached_tokens=b.c.cached_tokens + settlement.cached_tokens,
+                charged=b.c.charged + settlement.charged,
+                reserved=b.c.reserved - settlement.released,
             )
-        ).one()
-        if row.status == BatchStatus.IN_PROGRESS and row.completed + row.failed >= row.total:
-            # The last result ends the run in the same transaction, so nobody has to scan
-            # running batches for finished ones. A batch already cancelling is left as it is:
-            # the cancel decides how it ends.
-            await conn.execute(
-                update(b)
-                .where(b.c.id == self.id, b.c.status == BatchStatus.IN_PROGRESS)
-                .values(
-                    status=BatchStatus.FINALIZING,
-                    **{TIMESTAMP_OF[BatchStatus.FINALIZING]: int(now)},
-                )
+            .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
+        )
+    ).one()
+    if row.status == BatchStatus.IN_PROGRESS and row.completed + row.failed >= row.total:
+        # The last result ends the run in the same transaction, so nobody has to scan
+        # running batches for finished ones. A batch already cancelling is left as it is:
+        # the cancel decides how it ends.
+        await conn.execute(
+            update(b)
+            .where(b.c.id == batch_id, b.c.status == BatchStatus.IN_PROGRESS)
+            .values(
+                status=BatchStatus.FINALIZING,
+                **{TIMESTAMP_OF[BatchStatus.FINALIZING]: int(settlement.finished_at)},
             )
-            # Nothing of it is claimable any more (every line is done): its chunks go.
-            await drop_chunks(conn, self.id)
+        )
+        # Nothing of it is claimable any more (every line is done): its chunks go.
+        await drop_chunks(conn, batch_id)
 
 
 class QueueQueries(SqlBase):
@@ -115,7 +82,6 @@ class QueueQueries(SqlBase):
         i = t.items
         b = t.batches
         o = t.orgs
-        now = time.time()
         # Every group commit takes its row locks in one global order (batches by id, their
         # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
         # queue behind each other instead of deadlocking: a rolled-back group would cost the
@@ -138,9 +104,7 @@ class QueueQueries(SqlBase):
                 # order, which changes as the rows are updated.
                 .order_by(b.c.id)
             )
-            if not self.is_sqlite:
-                query = query.with_for_update()
-            batches = {row.id: Settling(row) for row in (await conn.execute(query)).all()}
+            terms = [_terms_of(row) for row in (await conn.execute(self.dialect.for_update(query)))]
             held = await self._held_leases(conn, results)
             flags = []
             for r in results:
@@ -178,22 +142,21 @@ class QueueQueries(SqlBase):
                         for r in accepted
                     ],
                 )
-                receipts = [
-                    receipt
-                    for r in accepted
-                    if (receipt := batches[r.batch_id].add(r, now)) is not None
-                ]
-                if receipts:
-                    await conn.execute(insert(t.receipts), receipts)
+            by_batch: dict[str, list[ItemResult]] = {}
+            for r in accepted:
+                by_batch.setdefault(r.batch_id, []).append(r)
+            settled = [(batch, settle(batch, by_batch.get(batch.id, ()))) for batch in terms]
+            receipts = [receipt_values(r) for _, done in settled for r in done.receipts]
+            if receipts:
+                await conn.execute(insert(t.receipts), receipts)
             owed: dict[str, tuple[int, int]] = {}
-            for batch_id in sorted(batches):
-                settling = batches[batch_id]
-                await settling.apply(conn, now)
-                if settling.charged:
-                    charged, released = owed.get(settling.org_id, (0, 0))
-                    owed[settling.org_id] = (
-                        charged + settling.charged,
-                        released + settling.released,
+            for batch, settlement in settled:
+                await _apply(conn, batch.id, settlement)
+                if settlement.charged:
+                    charged, released = owed.get(batch.org_id, (0, 0))
+                    owed[batch.org_id] = (
+                        charged + settlement.charged,
+                        released + settlement.released,
                     )
             # One update per org, the hottest rows of all, taken last and held shortest.
             for org_id in sorted(owed):
@@ -225,9 +188,7 @@ class QueueQueries(SqlBase):
                 )
                 .order_by(i.c.idx)
             )
-            if not self.is_sqlite:
-                query = query.with_for_update()
-            for row in (await conn.execute(query)).all():
+            for row in (await conn.execute(self.dialect.for_update(query))).all():
                 held.add((batch_id, row.idx, row.lease_token))
         return held
 
@@ -274,9 +235,7 @@ class QueueQueries(SqlBase):
         i = t.items
         async with self.engine.begin() as conn:
             # The batch row first: the lock order every writer keeps (see claims.py).
-            lock = select(t.batches.c.id).where(t.batches.c.id == batch_id)
-            if not self.is_sqlite:
-                await conn.execute(lock.with_for_update())
+            await self.dialect.lock(conn, select(t.batches.c.id).where(t.batches.c.id == batch_id))
             res = await conn.execute(
                 update(i)
                 .where(i.c.batch_id == batch_id, i.c.state != ItemState.DONE)

@@ -1,4 +1,4 @@
-"""Rows as records, and the few column lists and constants the queries share."""
+"""Rows as records (and records as rows), and the few helpers the query mixins share."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import time
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
-from backfill.domain import lifecycle
+from backfill.adapters.db.dialect import Dialect
+from backfill.domain import ids, lifecycle
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.files import FilePurpose, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
-from backfill.domain.records import BatchRecord, FileRecord
+from backfill.domain.records import BatchRecord, FileRecord, Receipt, ReceiptKind
+from backfill.errors import InvalidInput
 
 BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
 FILE_FIELDS = [f.name for f in fields(FileRecord)]
@@ -66,8 +68,100 @@ def file_of(row: Any) -> FileRecord:
 
 def file_values(record: FileRecord) -> dict[str, Any]:
     values = {k: getattr(record, k) for k in FILE_FIELDS}
-    values["seq"] = time.time_ns()
+    values["seq"] = listing_key()
     return values
+
+
+def batch_values(record: BatchRecord) -> dict[str, Any]:
+    values = {k: getattr(record, k) for k in BATCH_FIELDS}
+    values["seq"] = listing_key()
+    return values
+
+
+def listing_key() -> int:
+    """A new row's ``seq``: the inserting process's wall clock in nanoseconds, which listings
+    sort and page by. Not a sequence: rows inserted by processes whose clocks disagree list
+    in their clocks' order."""
+    return time.time_ns()
+
+
+def receipt_values(receipt: Receipt) -> dict[str, Any]:
+    """A receipt as its row: every column, whatever its kind, so one write can take many."""
+    prices = receipt.prices
+    return {
+        "request_id": receipt.request_id,
+        "org_id": receipt.org_id,
+        "kind": receipt.kind,
+        "batch_id": receipt.batch_id,
+        "idx": receipt.idx,
+        "custom_id": receipt.custom_id,
+        "model_config_id": receipt.model_config_id,
+        "deployment_id": receipt.deployment_id,
+        "input_tokens": receipt.input_tokens,
+        "cached_tokens": receipt.cached_tokens,
+        "output_tokens": receipt.output_tokens,
+        "price_input": prices.input if prices else None,
+        "price_cached_input": prices.cached_input if prices else None,
+        "price_output": prices.output if prices else None,
+        "gpu_count": receipt.gpu_count,
+        "gpu_ms": receipt.gpu_ms,
+        "amount": receipt.amount,
+        "started_at": receipt.started_at,
+        "created_at": receipt.created_at,
+    }
+
+
+def receipt_of(row: Any) -> Receipt:
+    return Receipt(
+        request_id=row.request_id,
+        org_id=row.org_id,
+        kind=ReceiptKind(row.kind),
+        batch_id=row.batch_id,
+        custom_id=row.custom_id,
+        model_config_id=row.model_config_id,
+        deployment_id=row.deployment_id,
+        input_tokens=row.input_tokens,
+        cached_tokens=row.cached_tokens,
+        output_tokens=row.output_tokens,
+        prices=prices_of(row),
+        gpu_count=row.gpu_count,
+        gpu_ms=row.gpu_ms,
+        amount=row.amount,
+        started_at=row.started_at,
+        created_at=row.created_at,
+        idx=row.idx,
+    )
+
+
+async def lock_org(conn: AsyncConnection, dialect: Dialect, org_id: str) -> None:
+    """Hold the org row until the transaction ends (PostgreSQL; SQLite has one writer): what
+    admits new work for the org is decided one transaction at a time."""
+    o = t.orgs
+    await dialect.lock(conn, select(o.c.id).where(o.c.id == org_id))
+
+
+async def listing_anchor(
+    conn: AsyncConnection, table: Table, org_id: str, after: str, kind: str
+) -> int:
+    """The ``seq`` of the org's row ``after`` names: where the next page of a listing starts."""
+    anchor = (
+        (
+            await conn.execute(
+                select(table.c.seq).where(table.c.id == after, table.c.org_id == org_id)
+            )
+        ).scalar()
+        if ids.plausible(after)
+        else None
+    )
+    if anchor is None:
+        # The same answer for an id of another org as for one that never existed.
+        raise InvalidInput(
+            f"'after' must be the id of a {kind} of this organization from an earlier page; "
+            f"{after[: ids.MAX_ID_CHARS]!r} is not one.",
+            code="invalid_value",
+            param="after",
+        )
+    return int(anchor)
 
 
 async def release_reservation(conn: AsyncConnection, batch_id: str) -> None:

@@ -1,6 +1,7 @@
-"""``Store`` over SQLAlchemy Core: the one place with SQL and dialect differences.
+"""``Store`` over SQLAlchemy Core: the one place with SQL.
 
-The queries live in mixins by subject; ``SqlStore`` is all of them over one engine.
+The queries live in mixins by subject; ``SqlStore`` is all of them over one engine, and
+``dialect.py`` holds what differs between SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -8,12 +9,19 @@ from __future__ import annotations
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
+from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
 from backfill.adapters.db.queue import QueueQueries
 
 
 class SqlStore(
-    AccountQueries, BatchQueries, ClaimQueries, FinalizeQueries, KeyringQueries, QueueQueries
+    AccountQueries,
+    BatchQueries,
+    ClaimQueries,
+    FileQueries,
+    FinalizeQueries,
+    KeyringQueries,
+    QueueQueries,
 ):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

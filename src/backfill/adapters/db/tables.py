@@ -22,6 +22,9 @@ from sqlalchemy import (
     text,
 )
 
+from backfill.domain.catalog import Billing
+from backfill.domain.files import FileStatus
+
 metadata = MetaData()
 
 orgs = Table(
@@ -136,15 +139,16 @@ files = Table(
     Column("batch_id", String(64)),
     Column("prompt_token_bound", BigInteger, nullable=False, server_default="0"),
     Column("max_output_tokens", BigInteger, nullable=False, server_default="0"),
-    # Monotonic insertion order: list endpoints page by it, newest first.
+    # The listing key (``rows.listing_key``): the inserting process's wall clock in ns. List
+    # endpoints sort and page by it; it is not a sequence across processes.
     Column("seq", BigInteger, nullable=False),
     Index("ix_files_org_seq", "org_id", "seq"),
     # The janitor's query: live files by expiry, without walking the deleted ones.
     Index(
         "ix_files_expiring",
         "expires_at",
-        sqlite_where=text("status <> 'deleted'"),
-        postgresql_where=text("status <> 'deleted'"),
+        sqlite_where=text(f"status <> '{FileStatus.DELETED.value}'"),
+        postgresql_where=text(f"status <> '{FileStatus.DELETED.value}'"),
     ),
 )
 
@@ -153,6 +157,7 @@ batches = Table(
     metadata,
     Column("id", String(64), primary_key=True),
     Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    # The listing key, as for files.
     Column("seq", BigInteger, nullable=False),
     Column("endpoint", String(64), nullable=False),
     Column("model", String(256), nullable=False),
@@ -180,7 +185,7 @@ batches = Table(
     Column("metadata", JSON),
     Column("idempotency_key", String(256)),
     Column("request_hash", String(64)),
-    Column("billing", String(16), nullable=False, server_default="catalog"),
+    Column("billing", String(16), nullable=False, server_default=Billing.CATALOG.value),
     Column("price_input", BigInteger),
     Column("price_cached_input", BigInteger),
     Column("price_output", BigInteger),

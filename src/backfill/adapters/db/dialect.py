@@ -1,0 +1,200 @@
+"""Every difference between SQLite and PostgreSQL the queries need, each a small named helper.
+
+Embedded SQLite is one process with one pooled connection: while a transaction holds it no
+other statement runs, so the row locks that order PostgreSQL's concurrent writers are no-ops
+there. The other differences are spellings. ``SqlBase`` picks one dialect per engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Insert,
+    Select,
+    Table,
+    Update,
+    event,
+    func,
+    insert,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+_Query = TypeVar("_Query", bound=Select[Any])
+
+
+class Dialect(Protocol):
+    def engine(self, url: str) -> AsyncEngine:
+        """The engine, pooled and configured for this database."""
+        ...
+
+    async def serialize_migrations(self, conn: AsyncConnection) -> None:
+        """Make processes that start at once migrate the schema one after another."""
+        ...
+
+    def for_update(self, query: _Query) -> _Query:
+        """``query`` locking the rows it reads until the transaction ends."""
+        ...
+
+    async def lock(self, conn: AsyncConnection, query: Select[Any]) -> None:
+        """Lock the rows ``query`` reads, without reading them where nothing needs a lock."""
+        ...
+
+    def insert_ignoring(self, table: Table) -> Insert:
+        """An insert that leaves rows already there (by any unique key) alone."""
+        ...
+
+    def upsert(
+        self,
+        table: Table,
+        values: Mapping[str, Any],
+        key: Sequence[Column[Any]],
+        replace: Sequence[str],
+        where: ColumnElement[bool],
+    ) -> Insert:
+        """Insert ``values``, or where a row with the same ``key`` exists and ``where`` holds
+        for it, set its ``replace`` columns to theirs."""
+        ...
+
+    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]: ...
+
+    def update_picked(
+        self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]
+    ) -> Update:
+        """An update of the rows of ``table`` matching ``where`` whose ``key`` ``pick``
+        selects, skipping rows another transaction holds; ``pick`` runs once."""
+        ...
+
+    def one_chunk_per_lane(self, lanes: str, ready_chunk: str, columns: str) -> str:
+        """The claim's pick: for each lane ``l`` of the ``lanes`` subquery, the chunk ``c`` that
+        ``ready_chunk`` (correlated on ``l``, its select list a ``{cols}`` placeholder) finds,
+        joined to its batch ``b``; ``columns`` of them, at most ``:k`` rows."""
+        ...
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers run beside the writer; FULL makes every commit survive power loss,
+    # which is what "a result counts once it is durably stored" needs.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class _Sqlite:
+    def engine(self, url: str) -> AsyncEngine:
+        # One connection: SQLite has one writer anyway, and serialising here avoids
+        # "database is locked" retries under load.
+        engine = create_async_engine(
+            url, poolclass=AsyncAdaptedQueuePool, pool_size=1, max_overflow=0
+        )
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+
+    async def serialize_migrations(self, conn: AsyncConnection) -> None:
+        pass  # the migration's write transaction already excludes every other writer
+
+    def for_update(self, query: _Query) -> _Query:
+        return query  # the one connection: nothing else runs while the transaction holds it
+
+    async def lock(self, conn: AsyncConnection, query: Select[Any]) -> None:
+        pass
+
+    def insert_ignoring(self, table: Table) -> Insert:
+        return insert(table).prefix_with("OR IGNORE")
+
+    def upsert(
+        self,
+        table: Table,
+        values: Mapping[str, Any],
+        key: Sequence[Column[Any]],
+        replace: Sequence[str],
+        where: ColumnElement[bool],
+    ) -> Insert:
+        ins = sqlite_insert(table).values(**values)
+        return ins.on_conflict_do_update(
+            index_elements=key, set_={c: ins.excluded[c] for c in replace}, where=where
+        )
+
+    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
+        return func.max(a, b)
+
+    def update_picked(
+        self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]
+    ) -> Update:
+        return update(table).where(where, key.in_(pick.scalar_subquery()))
+
+    def one_chunk_per_lane(self, lanes: str, ready_chunk: str, columns: str) -> str:
+        return f"""
+    SELECT {columns}
+    FROM chunks c JOIN batches b ON b.id = c.batch_id
+    WHERE c.rowid IN (
+        SELECT r FROM (
+            SELECT ({ready_chunk.format(cols="c.rowid")}) AS r
+            FROM ({lanes} ORDER BY l.served, l.org_id LIMIT :lanes) l
+        ) WHERE r IS NOT NULL LIMIT :k)
+"""
+
+
+class _Postgres:
+    def engine(self, url: str) -> AsyncEngine:
+        return create_async_engine(url, pool_size=10, max_overflow=10)
+
+    async def serialize_migrations(self, conn: AsyncConnection) -> None:
+        await conn.execute(text("SELECT pg_advisory_xact_lock(4242001)"))
+
+    def for_update(self, query: _Query) -> _Query:
+        return query.with_for_update()
+
+    async def lock(self, conn: AsyncConnection, query: Select[Any]) -> None:
+        await conn.execute(query.with_for_update())
+
+    def insert_ignoring(self, table: Table) -> Insert:
+        return pg_insert(table).on_conflict_do_nothing()
+
+    def upsert(
+        self,
+        table: Table,
+        values: Mapping[str, Any],
+        key: Sequence[Column[Any]],
+        replace: Sequence[str],
+        where: ColumnElement[bool],
+    ) -> Insert:
+        ins = pg_insert(table).values(**values)
+        return ins.on_conflict_do_update(
+            index_elements=key, set_={c: ins.excluded[c] for c in replace}, where=where
+        )
+
+    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
+        return func.greatest(a, b)
+
+    def update_picked(
+        self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]
+    ) -> Update:
+        # A CTE runs once (an IN-subquery may be re-run per row and claim past the limit);
+        # rows another transaction holds are skipped, never waited for.
+        picked = pick.with_for_update(skip_locked=True).cte("picked")
+        return update(table).where(where, key == picked.c[key.name])
+
+    def one_chunk_per_lane(self, lanes: str, ready_chunk: str, columns: str) -> str:
+        return f"""
+    SELECT {columns}
+    FROM ({lanes} ORDER BY l.served, l.org_id LIMIT :lanes) l
+    CROSS JOIN LATERAL ({ready_chunk.format(cols="c.*")} FOR UPDATE OF c SKIP LOCKED) c
+    JOIN batches b ON b.id = c.batch_id
+    ORDER BY l.served, l.org_id LIMIT :k
+"""
+
+
+SQLITE: Dialect = _Sqlite()
+POSTGRES: Dialect = _Postgres()

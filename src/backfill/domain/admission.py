@@ -1,0 +1,107 @@
+"""Whether a new batch may be accepted: credit, the org's limits and the model's capacity.
+
+Pure: the store reads an ``AdmissionSnapshot`` under the org's lock and calls ``check`` inside
+the same transaction, so two creations of one org never both pass on the same credit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
+from backfill.domain.records import Admission, BatchRecord
+from backfill.errors import PaymentRequired, RateLimited, retained_input_limit
+
+# A refusal for too many unfinished batches suggests a retry after this long.
+UNFINISHED_RETRY_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """What the store holds for one creation, read under the org's lock."""
+
+    balance: int
+    """The org's balance, picodollars."""
+    reserved: int
+    """What the org's unfinished batches still hold of it, picodollars."""
+    unfinished: int
+    """The org's batches not yet in a terminal status."""
+    retained_input_bytes: int
+    """Bytes of the org's input files that are not deleted."""
+    queued_output_tokens: int = 0
+    """Output tokens still ahead on the batch's model (read only when it has a throughput)."""
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.reserved
+
+
+def output_tokens_left(bound: int, total: int, finished: int) -> int:
+    """A batch's output-token bound scaled to the share of its lines not yet finished."""
+    return bound * (total - finished) // max(total, 1)
+
+
+def check_worst_case(reserve: int) -> None:
+    """Refuse a reservation no balance could cover; it would not fit the reserved column."""
+    if reserve > MAX_BALANCE:
+        raise PaymentRequired(
+            f"This batch needs {pico_to_usd(reserve)} USD of credit for its worst "
+            f"case, more than any balance may hold ({MAX_BALANCE_USD} USD); split the file "
+            "or lower max_tokens."
+        )
+
+
+def check_retained(retained: int, adding: int, limit: int) -> None:
+    """Refuse when the org's input files would keep more than ``limit`` bytes."""
+    if retained + adding > limit:
+        raise retained_input_limit(retained, adding, limit)
+
+
+def check(snapshot: AdmissionSnapshot, batch: BatchRecord, admission: Admission) -> None:
+    """Raise the first refusal that applies: credit, unfinished batches, retained input,
+    then the model's capacity; return when the batch may be accepted."""
+    _check_credit(snapshot, admission)
+    if snapshot.unfinished >= admission.max_unfinished:
+        raise RateLimited(
+            f"This organization already has {snapshot.unfinished} unfinished batches (the limit "
+            f"is {admission.max_unfinished}); wait for one to finish or cancel one, then retry.",
+            code="too_many_unfinished_batches",
+            retry_after_s=UNFINISHED_RETRY_S,
+        )
+    check_retained(snapshot.retained_input_bytes, 0, admission.max_retained_input_bytes)
+    if admission.throughput_tokens_per_s:
+        _check_capacity(snapshot.queued_output_tokens, batch, admission.throughput_tokens_per_s)
+
+
+def _check_credit(snapshot: AdmissionSnapshot, admission: Admission) -> None:
+    covered = snapshot.available >= admission.reserve
+    if covered and (snapshot.balance > 0 or not admission.require_positive_balance):
+        return
+    if admission.require_positive_balance:
+        raise PaymentRequired(
+            f"Batches on a private deployment need a positive balance (it is "
+            f"{pico_to_usd(snapshot.balance)} USD); add credit and retry."
+        )
+    raise PaymentRequired(
+        f"This batch needs {pico_to_usd(admission.reserve)} USD of credit for its worst case "
+        f"but {pico_to_usd(snapshot.available)} USD is available; add credit or submit fewer "
+        "requests. Nothing was queued and the input file can be used again."
+    )
+
+
+def _check_capacity(queued: int, batch: BatchRecord, rate: int) -> None:
+    window = batch.expires_at - batch.created_at
+    over = queued + batch.output_token_bound - rate * window
+    if over <= 0:
+        return
+    # The queue holds other orgs' work: say only when to retry, rounded up to whole minutes
+    # so the wait does not measure their volume to the token.
+    wait = -(-over // rate)
+    wait = -(-wait // 60) * 60
+    raise RateLimited(
+        f"{batch.model} cannot take this batch's {batch.output_token_bound} output tokens "
+        f"inside its {batch.completion_window} window now. Retry in about {wait}s, use a "
+        "longer window, or split the file.",
+        code="capacity_exceeded",
+        retry_after_s=int(wait),
+    )
