@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -143,6 +144,10 @@ def test_pool_wake_is_seen_by_one_wait_until_cleared() -> None:
     asyncio.run(scenario())
 
 
+def of_batch(batch_id: str) -> Callable[[WorkBatch], bool]:
+    return lambda batch: batch.id == batch_id
+
+
 @given(st.lists(st.tuples(st.sampled_from(["offer", "done", "drop"]), st.integers(1, 5))))
 def test_in_flight_stays_within_its_bounds(steps: list[tuple[str, int]]) -> None:
     slot, recorder = asyncio.run(healthy_slot(3))
@@ -155,7 +160,7 @@ def test_in_flight_stays_within_its_bounds(steps: list[tuple[str, int]]) -> None
             slot.done()
             ended += 1
         elif op == "drop":
-            dropped += len(slot.drop(lambda batch, n=n: batch.id == f"batch_{n % 2}"))
+            dropped += len(slot.drop(of_batch(f"batch_{n % 2}")))
         assert 0 <= slot.in_flight <= 3
         assert slot.in_flight == len(recorder.started) - ended
         assert offered == len(recorder.started) + len(slot.backlog) + dropped
