@@ -32,13 +32,13 @@ from backfill.domain.input_format import Limits
 from backfill.domain.money import Prices
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine
-from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
-from backfill.services.batches import BatchService, OrgLimits
+from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.operations import Operations
+from backfill.services.retention import Janitor
 from backfill.services.tenants import TenantService
 from backfill.settings import LOCAL_CONTEXT, LOCAL_ENGINE, LOCAL_MODEL, ModelSettings, Settings
 
@@ -256,29 +256,16 @@ def build(
     if role in ("all", "worker"):
         if engines is None:
             engines, processes = _engines(settings)
-        freed = asyncio.Event()
         worker = Worker(
             store,
             blobs,
             keyring,
-            files,
-            EnginePool(engines, freed),
-            freed,
+            engines,
             clock,
-            WorkerConfig(
-                lease_s=settings.lease_s,
-                max_attempts=settings.max_attempts,
-                retry_base_s=settings.retry_base_s,
-                retry_max_s=settings.retry_max_s,
-                poll_interval_s=settings.poll_interval_s,
-                result_flush_s=settings.result_flush_s,
-                validating_grace_s=settings.validating_grace_s,
-                sole_worker=role == "all" and store.is_sqlite,
-                gpu_time_flush_s=settings.gpu_time_flush_s,
-                janitor_interval_s=settings.janitor_interval_s,
-                output_ttl_s=settings.output_file_ttl_s,
-            ),
+            WorkerConfig.from_settings(settings, sole_worker=role == "all" and store.is_sqlite),
             catalog,
+            BatchStarter(store, files, clock),
+            Janitor(store, files, clock),
             metrics,
         )
         operations.observers.append(worker.observe)

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
     # A batch still validating this long after creation is started by a worker (its creating
     # process died or gave up); see runner/validating.py.
     validating_grace_s: float = 30.0
+    # A failed take-over of such a batch is tried again with backoff up to this long.
+    validating_retry_max_s: float = Field(60.0, gt=0)
+    # How often a worker looks for batches to cancel, expire or finalize (0 would spin).
+    lifecycle_interval_s: float = Field(0.2, gt=0)
+    # Slots that free up within this long of each other are refilled by one claim.
+    dispatch_gather_s: float = Field(0.005, ge=0)
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     max_unfinished_batches: int = 4

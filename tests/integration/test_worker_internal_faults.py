@@ -59,8 +59,8 @@ async def test_catalog_read_failing_before_a_gpu_time_request_releases_its_slot(
     async with fleet(tmp_path, clock=SystemClock(), private_concurrency=1) as f:
         worker = f.bf.backfill.worker
         assert worker is not None
-        failing = CatalogFailingOnce(worker._catalog)
-        worker._catalog = failing
+        failing = CatalogFailingOnce(worker._requests._catalog)
+        worker._requests._catalog = failing
         rows = [private_line(f"g{i}", f"gpu {i}") for i in range(3)]
         batch = await created(f.bf, rows)
 

@@ -84,10 +84,7 @@ def held_by_worker(bf: InProcess, batch_id: str) -> set[int]:
     """The items of the batch that a task of the worker runs now or its backlog holds."""
     worker = bf.backfill.worker
     assert worker is not None
-    held = set(worker._running.get(batch_id, ()))
-    for slot in worker._pool.slots:
-        held |= {q.item.idx for q in slot.backlog if q.batch.id == batch_id}
-    return held
+    return worker.held_leases().get(batch_id, set())
 
 
 async def assert_released_not_wedged(bf: InProcess, batch_id: str) -> None:

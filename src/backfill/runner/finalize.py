@@ -19,7 +19,7 @@ from backfill.domain.files import FilePurpose, FileStatus, content_key
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord, FileRecord
 from backfill.domain.results import ERROR_MESSAGES, error_row
-from backfill.ports import BlobStore, BlobWriter, Clock, Sealer, Store
+from backfill.ports import BlobStore, BlobWriter, Clock, ResultStore, Sealer
 
 log = logging.getLogger("backfill.finalize")
 
@@ -45,7 +45,13 @@ class _Lease:
     """Renews a held finalize lease every third of its length until stopped."""
 
     def __init__(
-        self, store: Store, clock: Clock, batch_id: str, token: str, lease_s: float, until: float
+        self,
+        store: ResultStore,
+        clock: Clock,
+        batch_id: str,
+        token: str,
+        lease_s: float,
+        until: float,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -79,7 +85,7 @@ class _Lease:
 class Finalizer:
     def __init__(
         self,
-        store: Store,
+        store: ResultStore,
         blobs: BlobStore,
         sealer: Sealer,
         clock: Clock,

@@ -6,13 +6,14 @@ once. Milliseconds come from floored clock readings, so consecutive spans add up
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import MAX_GPU_RECEIPT_MS, gpu_time_charge
 from backfill.domain.records import Receipt, ReceiptKind
-from backfill.ports import Clock
+from backfill.ports import Clock, LedgerStore
 
 
 def _ms(t: float) -> int:
@@ -91,3 +92,26 @@ class GpuMeter:
                 )
             span.started_at = now if span.in_flight else None
         return receipts
+
+
+class GpuCharger:
+    """Charges the meter's receipts to their orgs; names the orgs left without credit, whose
+    GPU-time work must not start more requests until they have some again."""
+
+    def __init__(
+        self, meter: GpuMeter, ledger: LedgerStore, on_exhausted: Callable[[set[str]], None]
+    ) -> None:
+        self._meter = meter
+        self._ledger = ledger
+        self._on_exhausted = on_exhausted
+
+    async def charge(self) -> None:
+        charged = set()
+        for receipt in self._meter.take():
+            await self._ledger.charge_gpu_time(receipt)
+            charged.add(receipt.org_id)
+        if charged:
+            balances = await self._ledger.balances(sorted(charged))
+            exhausted = {org for org, balance in balances.items() if balance <= 0}
+            if exhausted:
+                self._on_exhausted(exhausted)

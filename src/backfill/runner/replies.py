@@ -1,13 +1,66 @@
-"""What an engine's reply means for Backfill: the usage it reports, its error body."""
+"""What an engine's reply means for Backfill: the outcome row it becomes, the usage it
+reports, its error body."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from backfill.domain import ids
 from backfill.domain.money import MAX_TOKENS
+from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
+
+_NOT_JSON = {
+    "error": {
+        "message": "The engine answered 200 with a body that is not JSON.",
+        "type": "engine_error",
+    }
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one request ended: its output or error row (not yet sealed) and its usage."""
+
+    ok: bool
+    row: bytes
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    request_id: str | None = None
+
+
+def failed(custom_id: str, code: str, message: str | None = None) -> Outcome:
+    """An error row with one of Backfill's own codes."""
+    return Outcome(False, error_row(custom_id, code, message or ERROR_MESSAGES[code]))
+
+
+def engine_error(custom_id: str, status: int, raw: bytes) -> Outcome:
+    """The engine's own HTTP error, kept as it answered."""
+    return Outcome(False, http_error_row(custom_id, status, json_or_text(raw)))
+
+
+def succeeded(custom_id: str, model: str, raw: bytes) -> Outcome:
+    """A 200 reply: its body under the batch's model name, with the usage it reports."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return Outcome(False, http_error_row(custom_id, 502, _NOT_JSON))
+    usage = usage_of(body)
+    if isinstance(body, dict):
+        body["model"] = model
+    request_id = ids.request_id()
+    return Outcome(
+        True,
+        success_row(custom_id, 200, body, request_id),
+        input_tokens=usage[0],
+        output_tokens=usage[1],
+        cached_tokens=usage[2],
+        request_id=request_id,
+    )
 
 
 def usage_of(body: Any) -> tuple[int, int, int]:

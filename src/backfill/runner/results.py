@@ -8,7 +8,7 @@ import logging
 
 from backfill.domain.records import ItemResult
 from backfill.metrics import Metrics
-from backfill.ports import Store
+from backfill.ports import WorkQueue
 
 log = logging.getLogger("backfill.runner")
 
@@ -16,7 +16,7 @@ log = logging.getLogger("backfill.runner")
 class ResultWriter:
     """Collects results and writes them together; ``put`` returns once its result is durable."""
 
-    def __init__(self, store: Store, flush_s: float, metrics: Metrics) -> None:
+    def __init__(self, store: WorkQueue, flush_s: float, metrics: Metrics) -> None:
         self._store = store
         # Labelled children resolved once: this runs for every stored result.
         self._ok = metrics.results.labels("ok")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
-from backfill.ports import Store
+from backfill.ports import WorkQueue
 from backfill.runner.finalize import Finalizer
 from backfill.services.batches import BatchStarter
 
@@ -26,7 +26,7 @@ log = logging.getLogger("backfill.runner")
 class ValidatingTakeover:
     def __init__(
         self,
-        store: Store,
+        store: WorkQueue,
         starter: BatchStarter,
         finalizer: Finalizer,
         *,

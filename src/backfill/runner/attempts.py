@@ -1,0 +1,71 @@
+"""Sending one request to its engine until it has an outcome: retries with backoff for
+transient failures, within the attempt limit and the batch's window (SPEC §9.2)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from backfill.domain.records import ClaimedItem, WorkBatch
+from backfill.metrics import Metrics
+from backfill.ports import Clock, EngineTimeout, EngineUnreachable
+from backfill.runner.engines import EngineSlot
+from backfill.runner.replies import Outcome, engine_error, failed, succeeded
+from backfill.runner.retry import backoff_s, is_transient
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int
+    base_s: float
+    max_s: float
+
+
+class Attempts:
+    def __init__(
+        self, policy: RetryPolicy, clock: Clock, metrics: Metrics, rng: random.Random | None = None
+    ) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+
+    async def run(
+        self, slot: EngineSlot, batch: WorkBatch, item: ClaimedItem, body: dict[str, Any]
+    ) -> Outcome | None:
+        """The request's outcome; None when its engine went away (the request goes back to
+        the queue without an attempt counted)."""
+        engine = slot.engine
+        policy = self._policy
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: float | None = None
+            started = time.monotonic()
+            reason = "timeout"
+            try:
+                reply = await engine.send(batch.endpoint, batch.model, body)
+            except EngineTimeout:
+                final = failed(item.custom_id, "request_timeout")
+            except EngineUnreachable:
+                reason = "unreachable"
+                if not await slot.check():
+                    return None
+                final = failed(item.custom_id, "engine_unavailable")
+            else:
+                self._metrics.latency.labels(engine.name).observe(time.monotonic() - started)
+                reason = str(reply.status)
+                if reply.status == 200:
+                    return succeeded(item.custom_id, batch.model, reply.body)
+                final = engine_error(item.custom_id, reply.status, reply.body)
+                if not is_transient(reply.status):
+                    return final
+                retry_after = reply.retry_after_s
+            delay = backoff_s(attempt, policy.base_s, policy.max_s, retry_after, self._rng)
+            if attempt >= policy.max_attempts or self._clock.now() + delay >= batch.expires_at:
+                return final
+            self._metrics.retries.labels(engine.name, reason).inc()
+            await asyncio.sleep(delay)

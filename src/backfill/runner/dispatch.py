@@ -1,0 +1,100 @@
+"""Dispatch: claim work for each engine that wants it and hand it to the engine's slot.
+
+The claim chooses what runs next (fair across orgs, earliest deadline first), so the worker
+never lists batches. Orgs whose GPU-time work waits for credit (SPEC §7.4) start nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from backfill.domain.catalog import Billing
+from backfill.domain.records import WorkBatch
+from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
+from backfill.runner.engines import EnginePool, Queued
+from backfill.runner.inputs import ClaimInput
+from backfill.runner.leases import Leases
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        queue: WorkQueue,
+        ledger: LedgerStore,
+        blobs: BlobStore,
+        pool: EnginePool,
+        leases: Leases,
+        clock: Clock,
+        *,
+        poll_interval_s: float,
+        gather_s: float,
+    ) -> None:
+        self._queue = queue
+        self._ledger = ledger
+        self._blobs = blobs
+        self._pool = pool
+        self._leases = leases
+        self._clock = clock
+        self._poll_interval_s = poll_interval_s
+        self._gather_s = gather_s
+        self._paused: set[str] = set()
+
+    async def round(self) -> None:
+        """Claim once; when nothing was claimed, wait for capacity or new work (or a poll)."""
+        self._pool.clear_wake()
+        if await self.dispatch_once():
+            return
+        if await self._pool.wait_woken(self._poll_interval_s * 4):
+            # Let slots that free up together be refilled by one claim, not one each.
+            await asyncio.sleep(self._gather_s)
+
+    async def dispatch_once(self) -> int:
+        """Claim for each engine that wants work; how many requests were claimed.
+
+        A few more items than free slots are claimed into the slot's backlog, so a request that
+        ends is followed at once by the next, without waiting for a claim round trip.
+        """
+        if self._paused:
+            # Credit added since lets a paused org run again (claims already skip an org
+            # without credit; this set drops what was claimed before its credit ran out).
+            balances = await self._ledger.balances(sorted(self._paused))
+            self._paused = {org for org, balance in balances.items() if balance <= 0}
+        claimed = 0
+        for slot in self._pool.slots:
+            if slot.wanted < slot.claim_threshold:
+                continue
+            now = self._clock.now()
+            claims = await self._queue.claim(
+                slot.engine.models, slot.wanted, self._leases.token, now + self._leases.lease_s, now
+            )
+            queued: list[Queued] = []
+            for claim in claims:
+                read = ClaimInput(self._blobs, claim)
+                queued += (Queued(claim.batch, item, read) for item in claim.items)
+                claimed += len(claim.items)
+            if self._paused:
+                self._leases.release_soon(q for q in queued if self._is_paused(q.batch))
+                queued = [q for q in queued if not self._is_paused(q.batch)]
+            slot.offer(queued)
+        return claimed
+
+    def pause(self, orgs: Iterable[str]) -> None:
+        """Start no more GPU-time work of these orgs until a balance check finds credit."""
+        self._paused |= set(orgs)
+        self._drop(self._is_paused)
+
+    def stop_starting(self, batch_id: str) -> None:
+        """Start nothing more of this batch (it is cancelled or expired)."""
+        self._drop(lambda batch: batch.id == batch_id)
+
+    def drop_all(self) -> None:
+        self._drop(lambda _batch: True)
+
+    def _is_paused(self, batch: WorkBatch) -> bool:
+        return batch.billing == Billing.GPU_TIME and batch.org_id in self._paused
+
+    def _drop(self, where: Callable[[WorkBatch], bool]) -> None:
+        """Give back claimed, unstarted items of batches that must not start more work."""
+        for slot in self._pool.slots:
+            self._leases.release_soon(slot.drop(where))

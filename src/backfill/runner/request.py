@@ -1,0 +1,177 @@
+"""Running one claimed request: read its line, try its engine, seal and store its outcome, or
+give its lease back; its engine slot is freed the moment the engine is done with it."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from backfill.domain.catalog import Billing, CatalogModel
+from backfill.domain.input_format import request_body
+from backfill.domain.records import ClaimedItem, ItemResult, WorkBatch
+from backfill.ports import Catalog, Clock, Sealer
+from backfill.runner.attempts import Attempts
+from backfill.runner.engines import EngineSlot, Queued
+from backfill.runner.failures import WorkerFailures, is_permanent
+from backfill.runner.finalize import result_context
+from backfill.runner.gpu_meter import GpuMeter
+from backfill.runner.leases import Leases
+from backfill.runner.replies import Outcome, failed
+from backfill.runner.results import ResultWriter
+
+REPEATED_FAILURE = (
+    "This request failed repeatedly inside Backfill (not at the engine) and was given up so "
+    "its batch could finish; submit it again."
+)
+
+
+class RequestRunner:
+    """Starts each request its slot hands over as a task, and knows which run now, by batch:
+    the lease renewal holds exactly those, cancel waits for them, expiry abandons them."""
+
+    def __init__(
+        self,
+        *,
+        attempts: Attempts,
+        results: ResultWriter,
+        leases: Leases,
+        failures: WorkerFailures,
+        sealer: Sealer,
+        meter: GpuMeter,
+        catalog: Catalog,
+        clock: Clock,
+        retry_max_s: float,
+    ) -> None:
+        self._attempts = attempts
+        self._results = results
+        self._leases = leases
+        self._failures = failures
+        self._sealer = sealer
+        self._meter = meter
+        self._catalog = catalog
+        self._clock = clock
+        self._retry_max_s = retry_max_s
+        self._deployments: dict[str, CatalogModel | None] = {}
+        # Tasks running now (with their item index), by batch; a batch leaves with its last.
+        self._running: dict[str, dict[asyncio.Task[None], int]] = {}
+
+    def start(self, slot: EngineSlot, queued: Queued) -> None:
+        """Run ``queued`` on ``slot``, which already counts it in flight."""
+        batch_id = queued.batch.id
+        task = asyncio.create_task(self._run(slot, queued))
+        self._running.setdefault(batch_id, {})[task] = queued.item.idx
+        task.add_done_callback(functools.partial(self._ended, batch_id))
+
+    def _ended(self, batch_id: str, task: asyncio.Task[None]) -> None:
+        tasks = self._running.get(batch_id)
+        if tasks is not None:
+            tasks.pop(task, None)
+            if not tasks:
+                del self._running[batch_id]
+
+    def busy(self, batch_id: str) -> bool:
+        return batch_id in self._running
+
+    def held(self) -> dict[str, set[int]]:
+        """The items whose requests run now, by batch."""
+        return {batch_id: set(tasks.values()) for batch_id, tasks in self._running.items()}
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [task for tasks in self._running.values() for task in tasks]
+
+    async def abandon(self, batch_id: str) -> None:
+        """Cancel the batch's running requests and wait until they are gone."""
+        self._failures.forget(batch_id)
+        tasks = list(self._running.get(batch_id, ()))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _deployment(self, model: str) -> CatalogModel | None:
+        """The private deployment a GPU-time batch runs on, read from the catalog once."""
+        if model not in self._deployments:
+            self._deployments[model] = await self._catalog.find(model)
+        return self._deployments[model]
+
+    async def _run(self, slot: EngineSlot, queued: Queued) -> None:
+        batch, item = queued.batch, queued.item
+        freed = False
+        metered: CatalogModel | None = None
+
+        def free() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                slot.done()
+
+        # Whether a failure can be this request's own doing: not before its input is read.
+        own = False
+        try:
+            # The deployment is read from the catalog inside the guarded path: a database
+            # error there must give the slot and the lease back like any other failure.
+            if batch.billing == Billing.GPU_TIME:
+                metered = await self._deployment(batch.model)
+                if metered is not None:
+                    self._meter.begin(metered, batch.org_id)
+            try:
+                raw = await queued.input.line(item)
+            except Exception as exc:
+                if not is_permanent(exc):
+                    raise
+                # The input is gone, damaged or sealed under another key: retrying cannot
+                # help, so the request ends with an error row and the batch can finish.
+                self._failures.permanent(batch.id, item.idx, exc)
+                outcome: Outcome | None = failed(item.custom_id, "input_unavailable")
+            else:
+                own = True
+                outcome = await self._attempts.run(slot, batch, item, request_body(raw))
+            free()
+            if outcome is None:  # the engine went away: back to the queue, no attempt counted
+                await self._leases.release(batch.id, item.idx, None)
+                return
+            await self._put(batch, item, outcome)
+            self._failures.succeeded(batch.id, item.idx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Storage or the database failed (or a bug): the request goes back to the queue,
+            # not before a backoff, so a lasting cause is not retried in a hot loop.
+            free()
+            delay = self._failures.transient(batch.id, item.idx, exc, own=own)
+            if delay is None:
+                if await self._give_up(batch, item):
+                    return
+                delay = self._retry_max_s
+            await self._leases.release(batch.id, item.idx, self._clock.now() + delay)
+        finally:
+            free()
+            if metered is not None:
+                self._meter.end(metered.id)
+
+    async def _give_up(self, batch: WorkBatch, item: ClaimedItem) -> bool:
+        """End a request that keeps failing inside Backfill with an error row, so its batch
+        can finish; False when even that cannot be stored (it is released and retried)."""
+        try:
+            await self._put(batch, item, failed(item.custom_id, "internal_error", REPEATED_FAILURE))
+        except Exception:
+            return False
+        return True
+
+    async def _put(self, batch: WorkBatch, item: ClaimedItem, outcome: Outcome) -> None:
+        """Seal the request's row and store it durably (settling its charge)."""
+        await self._results.put(
+            ItemResult(
+                batch_id=batch.id,
+                idx=item.idx,
+                lease_token=self._leases.token,
+                ok=outcome.ok,
+                payload=self._sealer.seal(outcome.row, result_context(batch.id, item.idx)),
+                input_tokens=outcome.input_tokens,
+                output_tokens=outcome.output_tokens,
+                cached_tokens=outcome.cached_tokens,
+                request_id=outcome.request_id,
+                custom_id=item.custom_id,
+                finished_at=self._clock.now(),
+            )
+        )

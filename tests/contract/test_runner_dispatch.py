@@ -1,0 +1,137 @@
+"""Dispatch, alone: claims handed to engine slots, GPU-time orgs without credit paused, and a
+stopped batch's backlog given back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backfill.domain.catalog import Billing, CatalogModel
+from backfill.domain.money import usd_to_pico
+from backfill.runner.dispatch import Dispatcher
+from backfill.runner.engines import EnginePool, EngineSlot, Queued
+from backfill.runner.gpu_meter import GpuCharger, GpuMeter
+from tests.contract.test_runner_request import Kit, ScriptedEngine, kit
+from tests.contract.test_store import NOW, make_org, store
+
+__all__ = ["kit", "store"]  # fixtures
+
+
+class Started:
+    """Stands in for the request runner: requests it is handed stay in flight."""
+
+    def __init__(self) -> None:
+        self.queued: list[Queued] = []
+
+    def __call__(self, _slot: EngineSlot, queued: Queued) -> None:
+        self.queued.append(queued)
+
+
+async def dispatcher(
+    kit: Kit, *engines: ScriptedEngine, poll_interval_s: float = 0.05
+) -> tuple[Dispatcher, EnginePool, Started]:
+    started = Started()
+    pool = EnginePool(engines, started)
+    for slot in pool.slots:
+        assert await slot.check()
+    made = Dispatcher(
+        kit.store,
+        kit.store,
+        kit.blobs,
+        pool,
+        kit.leases,
+        kit.clock,
+        poll_interval_s=poll_interval_s,
+        gather_s=0.001,
+    )
+    return made, pool, started
+
+
+async def test_claims_fill_each_engine_and_its_backlog_across_orgs(kit: Kit) -> None:
+    model = "m-shared"
+    a, b = await make_org(kit.store), await make_org(kit.store)
+    await kit.batch(a, 5, model=model)
+    await kit.batch(b, 5, model=model)
+    engine = ScriptedEngine(model, max_concurrency=8)
+    idle = ScriptedEngine("m-other")
+    dispatch, pool, started = await dispatcher(kit, engine, idle)
+    busy, spare = pool.slots
+
+    assert await dispatch.dispatch_once() == 10
+    assert busy.in_flight == 8 == len(started.queued)
+    assert len(busy.backlog) == busy.prefetch == 2
+    assert {q.batch.org_id for q in started.queued} == {a.id, b.id}
+    assert spare.in_flight == 0
+    assert not spare.backlog
+    # Full slots and a full backlog want nothing more.
+    assert await dispatch.dispatch_once() == 0
+
+
+async def test_stop_starting_gives_back_only_that_batchs_backlog(kit: Kit) -> None:
+    model = "m-shared"
+    first = await kit.batch(await make_org(kit.store), 3, model=model)
+    second = await kit.batch(await make_org(kit.store), 3, model=model)
+    engine = ScriptedEngine(model, max_concurrency=1)
+    dispatch, pool, started = await dispatcher(kit, engine)
+    [slot] = pool.slots
+
+    # One slot and one of prefetch: a line of each org's lane, the first one started.
+    assert await dispatch.dispatch_once() == 2
+    [running] = started.queued
+    [waiting] = slot.backlog
+    assert {running.batch.id, waiting.batch.id} == {first.id, second.id}
+
+    dispatch.stop_starting(waiting.batch.id)
+    await kit.leases.settle()
+    assert slot.backlog == ()
+    assert await kit.store.live_leases(waiting.batch.id, NOW) == 0
+    assert await kit.store.live_leases(running.batch.id, NOW) == 1
+    # What already runs is not the dispatcher's to stop.
+    dispatch.stop_starting(running.batch.id)
+    assert slot.in_flight == 1
+
+
+async def test_a_gpu_time_org_out_of_credit_starts_nothing_until_credit_returns(
+    kit: Kit,
+) -> None:
+    org = await make_org(kit.store)
+    await kit.store.credit(org.id, usd_to_pico("1"), None, int(NOW))
+    batch = await kit.batch(org, 4, billing=Billing.GPU_TIME)
+    engine = ScriptedEngine(batch.model, max_concurrency=1)
+    dispatch, pool, started = await dispatcher(kit, engine)
+    [slot] = pool.slots
+    assert await dispatch.dispatch_once() == 2
+    assert len(slot.backlog) == 1
+
+    # Ten seconds of a 1 USD/s deployment: the org is 9 USD short.
+    meter = GpuMeter(kit.clock)
+    deployment = CatalogModel(
+        "dep", "dep-v1", 4096, 1024, owner_org_id=org.id, gpu_count=1,
+        microusd_per_gpu_second=1_000_000,
+    )  # fmt: skip
+    meter.begin(deployment, org.id)
+    kit.clock.advance(10)
+    meter.end(deployment.id)
+    await GpuCharger(meter, kit.store, dispatch.pause).charge()
+    await kit.leases.settle()
+    assert not slot.backlog
+    assert await kit.store.live_leases(batch.id, kit.clock.now()) == 1
+
+    slot.done()  # the running request ends: its slot is free, but the org has no credit
+    assert await dispatch.dispatch_once() == 0
+    assert not slot.backlog
+    assert slot.in_flight == 0
+
+    await kit.store.credit(org.id, usd_to_pico("20"), None, int(NOW))
+    assert await dispatch.dispatch_once() == 2
+    assert slot.in_flight == 1
+    assert len(started.queued) == 2
+
+
+async def test_a_round_with_nothing_to_claim_waits_for_a_wake_up(kit: Kit) -> None:
+    dispatch, pool, _ = await dispatcher(kit, ScriptedEngine("m-none"), poll_interval_s=3600)
+    waiting = asyncio.create_task(dispatch.round())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    pool.wake()
+    # Without the wake-up the round would wait four poll intervals: four hours.
+    await asyncio.wait_for(waiting, 30)

@@ -1,0 +1,168 @@
+"""Engine slots own their accounting: the in-flight count and the backlog change only through
+``offer``, ``done``, ``drop`` and ``check``, and never leave their bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backfill.adapters.blobs.crypto import Keyring
+from backfill.adapters.blobs.encrypted import EncryptedBlobStore
+from backfill.adapters.blobs.raw import MemoryRawStore
+from backfill.adapters.engines.fake import FakeEngine
+from backfill.domain.catalog import Billing
+from backfill.domain.records import Claim, ClaimedItem, WorkBatch
+from backfill.runner.engines import EnginePool, EngineSlot, Queued
+from backfill.runner.inputs import ClaimInput
+
+BLOBS = EncryptedBlobStore(MemoryRawStore(), Keyring(os.urandom(32)))
+
+
+class SwitchableEngine(FakeEngine):
+    def __init__(self, max_concurrency: int = 4) -> None:
+        super().__init__()
+        self.max_concurrency = max_concurrency
+        self.up = True
+
+    async def healthy(self) -> bool:
+        return self.up
+
+
+class Recorder:
+    """Stands in for the request runner: notes what each slot starts, and the wake-ups."""
+
+    def __init__(self) -> None:
+        self.started: list[Queued] = []
+        self.wakes = 0
+
+    def start(self, _slot: EngineSlot, queued: Queued) -> None:
+        self.started.append(queued)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+def work(batch_id: str, count: int, org_id: str = "org_a") -> list[Queued]:
+    batch = WorkBatch(batch_id, org_id, "m", "/v1/chat/completions", "file-x", Billing.CATALOG, 0)
+    items = [ClaimedItem(batch_id, i, i * 10, 10, f"req-{i}") for i in range(count)]
+    read = ClaimInput(BLOBS, Claim(batch, 0, items))
+    return [Queued(batch, item, read) for item in items]
+
+
+async def healthy_slot(max_concurrency: int = 4) -> tuple[EngineSlot, Recorder]:
+    recorder = Recorder()
+    slot = EngineSlot(SwitchableEngine(max_concurrency), recorder.start, recorder.wake)
+    assert await slot.check()
+    recorder.wakes = 0
+    return slot, recorder
+
+
+async def test_offer_starts_as_many_as_are_free_and_keeps_the_rest() -> None:
+    slot, recorder = await healthy_slot(4)
+    queued = work("batch_a", 6)
+    slot.offer(queued)
+    assert recorder.started == queued[:4]
+    assert slot.in_flight == 4
+    assert slot.free == 0
+    assert slot.backlog == tuple(queued[4:])
+
+
+async def test_done_hands_the_slot_to_the_next_queued_request_at_once() -> None:
+    slot, recorder = await healthy_slot(2)
+    queued = work("batch_a", 3)
+    slot.offer(queued)
+    slot.done()
+    assert recorder.started == queued
+    assert slot.in_flight == 2
+    assert slot.backlog == ()
+    assert recorder.wakes == 1, "the dispatcher hears that capacity freed up"
+    slot.done()
+    slot.done()
+    assert slot.in_flight == 0
+
+
+async def test_done_without_a_started_request_is_refused() -> None:
+    slot, _ = await healthy_slot()
+    with pytest.raises(RuntimeError):
+        slot.done()
+    assert slot.in_flight == 0
+
+
+async def test_wanted_counts_free_slots_plus_prefetch_less_the_backlog() -> None:
+    slot, _ = await healthy_slot(8)
+    assert slot.prefetch == 2
+    assert slot.claim_threshold == 1
+    assert slot.wanted == 10
+    slot.offer(work("batch_a", 9))
+    assert (slot.in_flight, len(slot.backlog)) == (8, 1)
+    assert slot.wanted == 1
+
+
+async def test_an_engine_that_is_down_starts_nothing_until_it_comes_back() -> None:
+    engine = SwitchableEngine(2)
+    engine.up = False
+    recorder = Recorder()
+    slot = EngineSlot(engine, recorder.start, recorder.wake)
+    assert not await slot.check()
+    assert slot.wanted == 0
+    queued = work("batch_a", 3)
+    slot.offer(queued)
+    assert recorder.started == []
+    engine.up = True
+    assert await slot.check()
+    assert recorder.started == queued[:2]
+    assert recorder.wakes == 1
+
+
+async def test_drop_takes_out_only_the_selected_batches_in_order() -> None:
+    slot, recorder = await healthy_slot(1)
+    a, b = work("batch_a", 3), work("batch_b", 2)
+    slot.offer([a[0], b[0], a[1], b[1], a[2]])
+    dropped = slot.drop(lambda batch: batch.id == "batch_b")
+    assert dropped == b
+    assert slot.backlog == (a[1], a[2])
+    slot.done()
+    slot.done()
+    assert recorder.started == a[:3]
+    assert slot.drop(lambda _batch: True) == []
+
+
+def test_pool_wake_is_seen_by_one_wait_until_cleared() -> None:
+    async def scenario() -> None:
+        pool = EnginePool([], Recorder().start)
+        assert not await pool.wait_woken(0.01)
+        pool.wake()
+        assert await pool.wait_woken(10)
+        pool.clear_wake()
+        assert not await pool.wait_woken(0.01)
+
+    asyncio.run(scenario())
+
+
+def of_batch(batch_id: str) -> Callable[[WorkBatch], bool]:
+    return lambda batch: batch.id == batch_id
+
+
+@given(st.lists(st.tuples(st.sampled_from(["offer", "done", "drop"]), st.integers(1, 5))))
+def test_in_flight_stays_within_its_bounds(steps: list[tuple[str, int]]) -> None:
+    slot, recorder = asyncio.run(healthy_slot(3))
+    ended = dropped = offered = 0
+    for n, (op, count) in enumerate(steps):
+        if op == "offer":
+            slot.offer(work(f"batch_{n % 2}", count))
+            offered += count
+        elif op == "done" and slot.in_flight:
+            slot.done()
+            ended += 1
+        elif op == "drop":
+            dropped += len(slot.drop(of_batch(f"batch_{n % 2}")))
+        assert 0 <= slot.in_flight <= 3
+        assert slot.in_flight == len(recorder.started) - ended
+        assert offered == len(recorder.started) + len(slot.backlog) + dropped
+        # Nothing waits while a slot is free.
+        assert not (slot.free and slot.backlog)
