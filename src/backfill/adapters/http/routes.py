@@ -18,6 +18,7 @@ from backfill.adapters.http.presenters import (
     model_object,
     receipt_object,
 )
+from backfill.adapters.http.requests import create_batch_request
 from backfill.errors import InvalidInput
 from backfill.services.files import parse_expires_after
 from backfill.services.tenants import READ, WRITE, Principal
@@ -114,13 +115,8 @@ async def create_batch(
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key")] = None,
 ) -> Response:
     caller.require(WRITE)
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json")
-    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key)
+    body, request_hash = create_batch_request(await request.body())
+    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key, request_hash)
     return _json(batch_object(batch))
 
 
