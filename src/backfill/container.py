@@ -24,7 +24,6 @@ from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.http.app import create_app
-from backfill.adapters.http.deps import Services
 from backfill.adapters.private import private_dir, tighten_file
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
@@ -34,6 +33,7 @@ from backfill.runner.engines import EnginePool
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, OrgLimits
 from backfill.services.billing import BillingService
+from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.operations import Operations

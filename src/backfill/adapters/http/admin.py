@@ -10,10 +10,11 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from backfill.adapters.http.auth import admin_refusal
-from backfill.adapters.http.deps import Services, services
+from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.money import pico_to_usd
 from backfill.domain.records import ApiKey, Ledger
+from backfill.services.bundle import Services
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_MAX_OUTPUT_TOKENS,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import Response
 
 from backfill.adapters.http import download
-from backfill.adapters.http.deps import Services, principal, services
+from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.multipart import stream_form
 from backfill.adapters.http.presenters import (
     batch_object,
@@ -20,6 +20,7 @@ from backfill.adapters.http.presenters import (
 )
 from backfill.adapters.http.requests import create_batch_request
 from backfill.errors import InvalidInput
+from backfill.services.bundle import Services
 from backfill.services.files import parse_expires_after
 from backfill.services.tenants import READ, WRITE, Principal
 
