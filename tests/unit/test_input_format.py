@@ -260,7 +260,7 @@ def test_non_utf8_bytes_are_invalid_json_line(data: bytes) -> None:
     assert_error(reject(data), "invalid_json_line", None)
 
 
-@pytest.mark.parametrize("key", ["extra", "model", "metadata"])
+@pytest.mark.parametrize("key", ["extra", "model", "metadata", ""])
 def test_unknown_top_level_key_is_rejected(key: str) -> None:
     line = chat()
     line[key] = "x"

@@ -13,8 +13,9 @@ from enum import Enum
 
 import msgspec
 
-_MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
+# A JSON key may be empty: "unknown field ``" names one.
+_MISSING = re.compile(r"Object missing required field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 _AT = re.compile(r" - at `\$\.?([^`]*)`")
 
 
@@ -40,7 +41,7 @@ class DecodeProblem:
     @property
     def field(self) -> str | None:
         """The top-level field the problem lies in."""
-        return re.split(r"[.\[]", self.param, maxsplit=1)[0] if self.param else None
+        return None if self.param is None else re.split(r"[.\[]", self.param, maxsplit=1)[0]
 
 
 def _join(path: str, name: str) -> str:

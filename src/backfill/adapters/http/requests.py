@@ -10,7 +10,7 @@ import msgspec
 import orjson
 
 from backfill.domain.batch_request import CreateBatchRequest
-from backfill.domain.decode_errors import Broken, explain
+from backfill.domain.decode_errors import Broken, DecodeProblem, explain
 from backfill.domain.files import MAX_EXPIRY_S, MIN_EXPIRY_S
 from backfill.domain.input_format import ENDPOINTS
 from backfill.errors import InvalidInput
@@ -35,17 +35,7 @@ def create_batch_request(raw: bytes) -> tuple[CreateBatchRequest, str]:
     try:
         request = msgspec.convert(body, CreateBatchRequest)
     except msgspec.ValidationError as exc:
-        problem = explain(exc)
-        field = problem.field or ""
-        if problem.broken is Broken.UNKNOWN:
-            raise _bad(
-                f"Unknown field '{field}'; a batch takes {sorted(FIELD_RULES)}.",
-                field,
-                "unknown_parameter",
-            ) from None
-        # The field's own rule names what is wrong in its words (and which metadata key).
-        FIELD_RULES[field](body.get(field))
-        raise _bad(f"'{problem.param}': {problem.reason}.", field) from None
+        raise _refusal(explain(exc), body) from None
     _check_file_id(request.input_file_id)
     _check_endpoint(request.endpoint)
     _check_metadata(request.metadata)
@@ -54,8 +44,26 @@ def create_batch_request(raw: bytes) -> tuple[CreateBatchRequest, str]:
     return request, request_hash
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidInput:
+def _bad(message: str, param: str | None, code: str = "invalid_value") -> InvalidInput:
     return InvalidInput(message, code=code, param=param)
+
+
+def _refusal(problem: DecodeProblem, body: dict[str, Any]) -> InvalidInput:
+    field = problem.field
+    if problem.broken is Broken.UNKNOWN:
+        return _bad(
+            f"Unknown field '{field}'; a batch takes {sorted(FIELD_RULES)}.",
+            field,
+            "unknown_parameter",
+        )
+    rule = FIELD_RULES.get(field or "")
+    if rule is not None:
+        # The field's own rule says what is wrong in its words (and which metadata key).
+        try:
+            rule(body.get(field or ""))
+        except InvalidInput as exc:
+            return exc
+    return _bad(f"The request body is not a batch: {problem.reason}.", field)
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
