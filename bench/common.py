@@ -103,10 +103,11 @@ def start_simulator(*args: str) -> tuple[subprocess.Popen[bytes], str]:
     return process, f"http://127.0.0.1:{port}/v1"
 
 
-def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    port = free_port()
-    with log.open("wb") as out:
-        process = subprocess.Popen(
+def spawn_up(config: Path, data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``backfill up`` with ``config`` and no local engine; its output is appended to ``log``
+    (a restarted server keeps adding to the same one). The tests start servers with it too."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -122,8 +123,12 @@ def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Pope
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ),
         )
+
+
+def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = free_port()
+    process = spawn_up(config, data, port, log)
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/healthz")
     match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())

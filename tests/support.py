@@ -31,6 +31,7 @@ from backfill.container import Backfill, build
 from backfill.domain.money import usd_to_pico
 from backfill.ports import Clock, Engine
 from backfill.settings import EngineSettings, ModelSettings, PricingSettings, Settings
+from bench.common import spawn_up
 
 SIM_MODEL = "sim-model"
 # Batch prices of the simulated model, microdollars per million tokens.
@@ -282,7 +283,7 @@ class ServerProcess:
         self.process.wait()
 
     def restart(self) -> None:
-        self.process = _spawn_server(self.config, self.port, self.data_dir, self.log)
+        self.process = spawn_up(self.config, self.data_dir, self.port, self.log)
         wait_http(f"http://127.0.0.1:{self.port}/healthz", self.process)
 
     def stop(self) -> None:
@@ -363,29 +364,6 @@ request_timeout_s = 5.0
     )
 
 
-def _spawn_server(config: Path, port: int, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, BACKFILL_CONFIG=str(config))
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "backfill.cli",
-                "up",
-                "--port",
-                str(port),
-                "--data",
-                str(data_dir),
-                "--no-local-engine",
-                "--config",
-                str(config),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
 def start_server_process(
     tmp_path: Path, sim_url: str, *, max_concurrency: int = 32, extra: str = ""
 ) -> ServerProcess:
@@ -394,7 +372,7 @@ def start_server_process(
     data_dir = tmp_path / "data"
     log = tmp_path / "server.log"
     port = free_port()
-    process = _spawn_server(config, port, data_dir, log)
+    process = spawn_up(config, data_dir, port, log)
     wait_http(f"http://127.0.0.1:{port}/healthz", process)
     match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
     assert match, log.read_text()

@@ -24,23 +24,27 @@ from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.http.app import create_app
-from backfill.adapters.http.deps import Services
 from backfill.adapters.private import private_dir, tighten_file
-from backfill.domain.catalog import CatalogModel
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
-from backfill.domain.money import Prices
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
+from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.operations import Operations
 from backfill.services.retention import Janitor
 from backfill.services.tenants import TenantService
-from backfill.settings import LOCAL_CONTEXT, LOCAL_ENGINE, LOCAL_MODEL, ModelSettings, Settings
+from backfill.settings import (
+    LOCAL_CONTEXT,
+    LOCAL_ENGINE,
+    LOCAL_MODEL,
+    Settings,
+    catalog_model_from,
+)
 
 log = logging.getLogger("backfill")
 
@@ -93,24 +97,13 @@ class Backfill:
 
     async def seed_catalog(self) -> None:
         """Add the configured models and deployments that the database does not have yet."""
-        models = [_catalog_model(m) for m in self.settings.catalog()]
+        models = [catalog_model_from(m) for m in self.settings.catalog()]
         for d in self.settings.deployments:
             org = await self.store.org_by_name(d.org)
             if org is None:
                 log.warning("deployment %s names unknown organization %s; skipped", d.id, d.org)
                 continue
-            models.append(
-                CatalogModel(
-                    id=d.id,
-                    model_config_id=d.model_config_id,
-                    context_length=d.context_length,
-                    max_output_tokens=d.max_output_tokens,
-                    modalities=frozenset(d.modalities),
-                    owner_org_id=org.id,
-                    gpu_count=d.gpu_count,
-                    microusd_per_gpu_second=d.microusd_per_gpu_second,
-                )
-            )
+            models.append(catalog_model_from(d, org.id))
         await self.services.catalog.seed(models)
 
     def app(self) -> FastAPI:
@@ -121,19 +114,6 @@ class Backfill:
             settings=self.settings,
             engine_status=self.worker.engine_status if self.worker else None,
         )
-
-
-def _catalog_model(m: ModelSettings) -> CatalogModel:
-    pricing = m.batch
-    return CatalogModel(
-        id=m.id,
-        model_config_id=m.model_config_id,
-        context_length=m.context_length,
-        max_output_tokens=m.max_output_tokens,
-        modalities=frozenset(m.modalities),
-        prices=Prices.of(pricing.input, pricing.cached_input, pricing.output) if pricing else None,
-        throughput_tokens_per_s=m.throughput_tokens_per_s,
-    )
 
 
 def _private_sqlite(store: SqlStore) -> None:

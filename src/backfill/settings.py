@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, overload
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -14,12 +15,30 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from backfill.domain.catalog import CatalogModel
+from backfill.domain.money import Prices
+
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL_ENGINE = "local-llama-cpp"
 LOCAL_CONTEXT = 2048
 # The admin token is the one secret a person picks (API keys are 256 random bits), so it has a
 # floor: 32 characters, such as the output of `openssl rand -hex 32`.
 MIN_ADMIN_TOKEN_CHARS = 32
+# What a model or deployment offers when it does not say: the TOML file, the admin API and the
+# CLI describe catalog entries alike.
+DEFAULT_CONTEXT_LENGTH = 8192
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+DEFAULT_MODALITIES = ("text",)
+
+
+def default_modalities() -> list[str]:
+    return list(DEFAULT_MODALITIES)
+
+
+# The file Settings.from_file reads. pydantic-settings builds its sources in a classmethod that
+# takes no argument of ours, so the path reaches it through this context variable: scoped to the
+# one call, where writing BACKFILL_CONFIG would change the environment of the whole process.
+_toml_file: ContextVar[Path | None] = ContextVar("backfill_toml_file", default=None)
 
 
 class PricingSettings(BaseModel):
@@ -35,9 +54,9 @@ class ModelSettings(BaseModel):
 
     id: str
     model_config_id: str
-    context_length: int = 8192
-    max_output_tokens: int = 4096
-    modalities: list[str] = Field(default_factory=lambda: ["text"])
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    modalities: list[str] = Field(default_factory=default_modalities)
     batch: PricingSettings | None = None
     throughput_tokens_per_s: int | None = None
 
@@ -50,9 +69,41 @@ class DeploymentSettings(BaseModel):
     model_config_id: str
     gpu_count: int = 1
     microusd_per_gpu_second: int
-    context_length: int = 8192
-    max_output_tokens: int = 4096
-    modalities: list[str] = Field(default_factory=lambda: ["text"])
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    modalities: list[str] = Field(default_factory=default_modalities)
+
+
+@overload
+def catalog_model_from(spec: ModelSettings) -> CatalogModel: ...
+@overload
+def catalog_model_from(spec: DeploymentSettings, owner_org_id: str) -> CatalogModel: ...
+def catalog_model_from(
+    spec: ModelSettings | DeploymentSettings, owner_org_id: str | None = None
+) -> CatalogModel:
+    """The catalog entry a model revision describes, or a deployment owned by ``owner_org_id``
+    (the id of the org its settings name)."""
+    if isinstance(spec, DeploymentSettings):
+        return CatalogModel(
+            id=spec.id,
+            model_config_id=spec.model_config_id,
+            context_length=spec.context_length,
+            max_output_tokens=spec.max_output_tokens,
+            modalities=frozenset(spec.modalities),
+            owner_org_id=owner_org_id,
+            gpu_count=spec.gpu_count,
+            microusd_per_gpu_second=spec.microusd_per_gpu_second,
+        )
+    pricing = spec.batch
+    return CatalogModel(
+        id=spec.id,
+        model_config_id=spec.model_config_id,
+        context_length=spec.context_length,
+        max_output_tokens=spec.max_output_tokens,
+        modalities=frozenset(spec.modalities),
+        prices=Prices.of(pricing.input, pricing.cached_input, pricing.output) if pricing else None,
+        throughput_tokens_per_s=spec.throughput_tokens_per_s,
+    )
 
 
 class EngineSettings(BaseModel):
@@ -69,7 +120,6 @@ class EngineSettings(BaseModel):
     # A managed engine is started and supervised by Backfill from this command template;
     # ``{port}`` and ``{host}`` are filled in. Empty means the engine runs elsewhere.
     command: list[str] = Field(default_factory=list)
-    kind: Literal["external", "managed", "llama_cpp"] = "external"
 
 
 class Settings(BaseSettings):
@@ -93,7 +143,6 @@ class Settings(BaseSettings):
     s3_secret_access_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
-    public_base_url: str | None = None
 
     models: list[ModelSettings] = Field(default_factory=list)
     deployments: list[DeploymentSettings] = Field(default_factory=list)
@@ -155,11 +204,23 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config = os.environ.get("BACKFILL_CONFIG")
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if config:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config)))
+        toml = _toml_file.get()
+        if toml is None and (config := os.environ.get("BACKFILL_CONFIG")):
+            toml = Path(config)
+        sources = [init_settings, env_settings]
+        if toml is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
         return tuple(sources)
+
+    @classmethod
+    def from_file(cls, path: Path | None, **values: Any) -> Settings:
+        """Settings from ``values``, then ``BACKFILL_*`` variables, then the TOML file at
+        ``path`` (without one, the file ``BACKFILL_CONFIG`` names, as for ``Settings()``)."""
+        token = _toml_file.set(path)
+        try:
+            return cls(**values)
+        finally:
+            _toml_file.reset(token)
 
     def admin_token_problem(self) -> str | None:
         """Why the configured admin token may not be used (None: it may, or it is unset)."""

@@ -1,13 +1,16 @@
-"""The rules of one batch input line (SPEC §5.1-5.6), applied by LineValidator."""
+"""The rules of one batch input line (SPEC §5.1-5.6), applied by LineValidator.check_lines."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.input_format import (
@@ -15,7 +18,6 @@ from backfill.domain.input_format import (
     Limits,
     LineError,
     LineValidator,
-    custom_id_of,
     request_body,
 )
 from backfill.domain.money import Prices
@@ -72,10 +74,16 @@ def raw(line: dict[str, Any]) -> bytes:
     return orjson.dumps(line)
 
 
+def check(v: LineValidator, data: bytes, line_no: int) -> str:
+    """One line through the upload's own path; its ``custom_id``."""
+    (custom_id,) = v.check_lines([data], line_no)
+    return custom_id
+
+
 def reject(line: dict[str, Any] | bytes, line_no: int = 1) -> LineError:
     data = line if isinstance(line, bytes) else raw(line)
     with pytest.raises(LineError) as info:
-        validator().check(data, line_no)
+        validator().check_lines([data], line_no)
     return info.value
 
 
@@ -117,7 +125,7 @@ def with_parts(model: str, *parts: dict[str, Any]) -> dict[str, Any]:
 
 def test_valid_chat_line_returns_its_custom_id() -> None:
     v = validator()
-    assert v.check(raw(chat("abc")), 1) == "abc"
+    assert check(v, raw(chat("abc")), 1) == "abc"
     summary = v.summary()
     assert (summary.lines, summary.model, summary.endpoint) == (
         1,
@@ -128,15 +136,15 @@ def test_valid_chat_line_returns_its_custom_id() -> None:
 
 def test_valid_completions_line() -> None:
     v = validator()
-    assert v.check(raw(completion("c1")), 1) == "c1"
-    assert v.check(raw(completion("c2", prompt=["a", "b"])), 2) == "c2"
+    assert check(v, raw(completion("c1")), 1) == "c1"
+    assert check(v, raw(completion("c2", prompt=["a", "b"])), 2) == "c2"
     assert v.summary().endpoint == "/v1/completions"
 
 
 def test_many_lines_are_counted() -> None:
     v = validator()
     for i in range(1, 51):
-        assert v.check(raw(chat(f"r{i}")), i) == f"r{i}"
+        assert check(v, raw(chat(f"r{i}")), i) == f"r{i}"
     assert v.summary().lines == 50
 
 
@@ -175,22 +183,22 @@ def test_summary_of_nothing() -> None:
     ],
 )
 def test_valid_variants_are_accepted(line: dict[str, Any]) -> None:
-    assert validator().check(raw(line), 1) == line["custom_id"]
+    assert check(validator(), raw(line), 1) == line["custom_id"]
 
 
 def test_line_with_surrounding_whitespace_is_accepted() -> None:
-    assert validator().check(b"  " + raw(chat()) + b" \t", 1) == "req-1"
+    assert check(validator(), b"  " + raw(chat()) + b" \t", 1) == "req-1"
 
 
 def test_max_completion_tokens_takes_precedence_over_max_tokens() -> None:
-    assert validator().check(raw(chat(max_tokens=5000, max_completion_tokens=10)), 1)
+    assert check(validator(), raw(chat(max_tokens=5000, max_completion_tokens=10)), 1)
     error = reject(chat(max_tokens=10, max_completion_tokens=5000))
     assert_error(error, "invalid_value", "body.max_completion_tokens")
 
 
-def test_custom_id_of_and_request_body_read_a_valid_line() -> None:
+def test_check_lines_and_request_body_read_a_valid_line() -> None:
     line = chat("the-id", temperature=0.5)
-    assert custom_id_of(raw(line)) == "the-id"
+    assert validator().check_lines([raw(line)], 1) == ["the-id"]
     body = request_body(raw(line))
     assert msgspec.json.decode(msgspec.json.encode(body)) == line["body"]
 
@@ -252,7 +260,7 @@ def test_non_utf8_bytes_are_invalid_json_line(data: bytes) -> None:
     assert_error(reject(data), "invalid_json_line", None)
 
 
-@pytest.mark.parametrize("key", ["extra", "model", "metadata"])
+@pytest.mark.parametrize("key", ["extra", "model", "metadata", ""])
 def test_unknown_top_level_key_is_rejected(key: str) -> None:
     line = chat()
     line[key] = "x"
@@ -312,18 +320,18 @@ def test_unsupported_url_is_invalid_url(url: str) -> None:
 
 def test_endpoint_change_between_lines_is_invalid_url() -> None:
     v = validator()
-    v.check(raw(chat("a")), 1)
+    check(v, raw(chat("a")), 1)
     with pytest.raises(LineError) as info:
-        v.check(raw(completion("b")), 2)
+        check(v, raw(completion("b")), 2)
     assert_error(info.value, "invalid_url", "url", line=2)
 
 
 def test_duplicate_custom_id_names_the_second_line() -> None:
     v = validator()
-    v.check(raw(chat("a")), 1)
-    v.check(raw(chat("b")), 2)
+    check(v, raw(chat("a")), 1)
+    check(v, raw(chat("b")), 2)
     with pytest.raises(LineError) as info:
-        v.check(raw(chat("a")), 3)
+        check(v, raw(chat("a")), 3)
     assert_error(info.value, "duplicate_custom_id", "custom_id", line=3)
     assert "'a'" in info.value.message
 
@@ -331,7 +339,7 @@ def test_duplicate_custom_id_names_the_second_line() -> None:
 def test_custom_ids_are_compared_byte_exact() -> None:
     v = validator()
     for i, cid in enumerate(["a", "A", "a ", " a", "\u00e9", "e\u0301"], start=1):
-        assert v.check(raw(chat(cid)), i) == cid
+        assert check(v, raw(chat(cid)), i) == cid
 
 
 @pytest.mark.parametrize(
@@ -360,10 +368,10 @@ def test_model_without_batch_is_model_not_found() -> None:
 
 def test_second_model_in_file_is_mixed_models() -> None:
     v = validator()
-    v.check(raw(chat("a")), 1)
-    v.check(raw(chat("b")), 2)
+    check(v, raw(chat("a")), 1)
+    check(v, raw(chat("b")), 2)
     with pytest.raises(LineError) as info:
-        v.check(raw(chat("c", model="other-model")), 3)
+        check(v, raw(chat("c", model="other-model")), 3)
     assert_error(info.value, "mixed_models", "body.model", line=3)
     assert "other-model" in info.value.message
     assert "text-model" in info.value.message
@@ -371,9 +379,9 @@ def test_second_model_in_file_is_mixed_models() -> None:
 
 def test_unknown_model_after_a_good_one_is_mixed_models() -> None:
     v = validator()
-    v.check(raw(chat("a")), 1)
+    check(v, raw(chat("a")), 1)
     with pytest.raises(LineError) as info:
-        v.check(raw(chat("b", model="gpt-9")), 2)
+        check(v, raw(chat("b", model="gpt-9")), 2)
     assert info.value.code in {"mixed_models", "model_not_found"}
     assert info.value.line == 2
     assert info.value.param == "body.model"
@@ -481,9 +489,9 @@ def test_content_part_without_type_is_missing_required_parameter() -> None:
 def test_line_past_max_lines_is_too_many_requests_in_file() -> None:
     v = validator(Limits(max_file_bytes=1 << 30, max_lines=3, max_line_bytes=1 << 20))
     for i in range(1, 4):
-        v.check(raw(chat(f"r{i}")), i)
+        check(v, raw(chat(f"r{i}")), i)
     with pytest.raises(LineError) as info:
-        v.check(raw(chat("r4")), 4)
+        check(v, raw(chat("r4")), 4)
     assert_error(info.value, "too_many_requests_in_file", None, line=4)
     assert "3" in info.value.message
 
@@ -492,3 +500,166 @@ def test_a_byte_order_mark_is_named() -> None:
     error = reject(b"\xef\xbb\xbf" + raw(chat()))
     assert_error(error, "invalid_json_line", None)
     assert "byte order mark" in error.message
+
+
+# ---- many lines in one call --------------------------------------------------------------
+
+
+def test_one_call_checks_many_lines_and_names_a_bad_one_by_its_own_number() -> None:
+    v = validator()
+    lines = [raw(chat(f"r{i}")) for i in range(1, 6)]
+    assert v.check_lines(lines, 1) == [f"r{i}" for i in range(1, 6)]
+    later = [raw(chat("r6")), raw(chat("r7", stream=True)), raw(chat("r8"))]
+    with pytest.raises(LineError) as info:
+        v.check_lines(later, 6)
+    assert_error(info.value, "streaming_unsupported", "body.stream", line=7)
+
+
+def test_lines_within_max_lines_are_checked_before_the_count() -> None:
+    v = validator(Limits(max_file_bytes=1 << 30, max_lines=3, max_line_bytes=1 << 20))
+    lines = [raw(chat("a")), b"{", raw(chat("c")), raw(chat("d"))]
+    assert_error(reject_in(v, lines), "invalid_json_line", None, line=2)
+
+
+def reject_in(v: LineValidator, lines: list[bytes], first_line_no: int = 1) -> LineError:
+    with pytest.raises(LineError) as info:
+        v.check_lines(lines, first_line_no)
+    return info.value
+
+
+# ---- one pass over a file says what each line alone says -------------------------------------
+#
+# ``check_lines`` takes a fast path for a line like the ones before it, which restates some rules
+# of the detailed checks; a fresh validator always takes the detailed checks. The files below keep
+# to one model, one endpoint and distinct ids, so only rules of a single line can be broken.
+
+Mutation = Callable[[dict[str, Any]], dict[str, Any] | bytes]
+
+
+def _parent(line: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
+    """The object holding ``path``'s last key; None once an earlier mutation removed it."""
+    target: Any = line
+    for key in path[:-1]:
+        target = target.get(key) if isinstance(target, dict) else None
+    return target if isinstance(target, dict) else None
+
+
+def _set(path: tuple[str, ...], value: Any) -> Mutation:
+    def mutate(line: dict[str, Any]) -> dict[str, Any]:
+        if (parent := _parent(line, path)) is not None:
+            parent[path[-1]] = copy.deepcopy(value)
+        return line
+
+    return mutate
+
+
+def _drop(*path: str) -> Mutation:
+    def mutate(line: dict[str, Any]) -> dict[str, Any]:
+        if (parent := _parent(line, path)) is not None:
+            parent.pop(path[-1], None)
+        return line
+
+    return mutate
+
+
+def _bytes(make: Callable[[bytes], bytes]) -> Mutation:
+    return lambda line: make(raw(line))
+
+
+MUTATIONS: list[Mutation] = [
+    _set(("custom_id",), ""),
+    _set(("custom_id",), "x" * (MAX_CUSTOM_ID_BYTES + 1)),
+    _set(("custom_id",), "\u00e9" * (MAX_CUSTOM_ID_BYTES // 2 + 1)),
+    _set(("custom_id",), 12),
+    _set(("method",), "GET"),
+    _set(("url",), "/v1/embeddings"),
+    _set(("extra",), 1),
+    _drop("method"),
+    _drop("body"),
+    _set(("body",), "text"),
+    _drop("body", "model"),
+    _set(("body", "stream"), True),
+    _set(("body", "stream"), False),
+    _set(("body", "max_tokens"), None),
+    _set(("body", "max_tokens"), 0),
+    _set(("body", "max_tokens"), 1),
+    _set(("body", "max_tokens"), 512),
+    _set(("body", "max_tokens"), 513),
+    _set(("body", "max_tokens"), 1025),
+    _set(("body", "max_tokens"), True),
+    _set(("body", "max_tokens"), "16"),
+    _set(("body", "max_completion_tokens"), 8),
+    _set(("body", "max_completion_tokens"), 5000),
+    _set(("body", "messages"), []),
+    _set(("body", "messages"), None),
+    _set(("body", "messages"), "hello"),
+    _set(("body", "messages"), [{"role": "bot", "content": "b"}]),
+    _set(("body", "messages"), [{"content": "b"}]),
+    _set(("body", "messages"), [{"role": "assistant", "content": None}]),
+    _set(("body", "messages"), [{"role": "user", "content": [{"type": "text", "text": "t"}]}]),
+    _set(("body", "messages"), [{"role": "user", "content": [image_part()]}]),
+    _set(("body", "messages"), [{"role": "user", "content": [audio_part()]}]),
+    _set(("body", "messages"), [{"role": "user", "content": [{"type": "video"}]}]),
+    _set(("body", "messages"), [{"role": "user", "content": [{"text": "t"}]}]),
+    _set(("body", "prompt"), None),
+    _set(("body", "prompt"), ["a", "b"]),
+    _set(("body", "prompt"), 5),
+    _bytes(lambda data: b""),
+    _bytes(lambda data: b"{"),
+    _bytes(lambda data: b"[1]"),
+    _bytes(lambda data: b"\xef\xbb\xbf" + data),
+    _bytes(lambda data: data + b"\r"),
+    _bytes(lambda data: data.replace(b"POST", b"P\xffST")),
+]
+
+
+@st.composite
+def files(draw: st.DrawFn) -> tuple[Limits, list[bytes]]:
+    model = draw(st.sampled_from(["text-model", "vision-model", "audio-model"]))
+    template = chat if draw(st.booleans()) else completion
+    count = draw(st.integers(1, 12))
+    lines: list[bytes] = []
+    for i in range(1, count + 1):
+        # A long id makes the fast path count its bytes; the number keeps ids distinct.
+        cid = draw(st.sampled_from([f"r{i}", f"{i}-" + "\u00e9" * 62]))
+        line: dict[str, Any] | bytes = template(cid, model=model)
+        # Most lines are left valid, so that a broken one often follows good ones.
+        broken = draw(st.integers(0, 4)) == 0
+        for mutation in draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)) * broken:
+            if isinstance(line, dict):
+                line = mutation(line)
+        lines.append(line if isinstance(line, bytes) else raw(line))
+    max_lines = draw(st.sampled_from([1000, 1000, 1000, max(count - 1, 1), max(count // 2, 1)]))
+    return Limits(max_file_bytes=1 << 30, max_lines=max_lines, max_line_bytes=1 << 20), lines
+
+
+def _outcome(error: LineError) -> tuple[str, str, str | None, int]:
+    return error.code, error.message, error.param, error.line
+
+
+@settings(max_examples=400, derandomize=True, database=None, deadline=None)
+@given(files())
+def test_one_pass_raises_exactly_what_each_line_alone_raises(
+    file: tuple[Limits, list[bytes]],
+) -> None:
+    limits, lines = file
+    expected: tuple[str, str, str | None, int] | None = None
+    alone: list[LineValidator] = []
+    for line_no, line in enumerate(lines, start=1):
+        fresh = validator(limits)
+        try:
+            fresh.check_lines([line], line_no)
+        except LineError as exc:
+            expected = _outcome(exc)
+            break
+        alone.append(fresh)
+    whole = validator(limits)
+    if expected is not None:
+        assert _outcome(reject_in(whole, lines)) == expected
+        return
+    ids = whole.check_lines(lines, 1)
+    assert ids == [check for v in alone for check in v._seen]
+    summary = whole.summary()
+    assert summary.lines == len(lines)
+    assert summary.prompt_token_bound == sum(v.summary().prompt_token_bound for v in alone)
+    assert summary.max_output_tokens == sum(v.summary().max_output_tokens for v in alone)

@@ -1,4 +1,5 @@
-"""``backfill admin``: organizations and API keys, straight against the database."""
+"""``backfill admin``: organizations, API keys, credit, catalog models, private deployments and
+engines, straight against the database."""
 
 from __future__ import annotations
 
@@ -16,9 +17,20 @@ from rich.text import Text
 
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.money import Prices, pico_to_usd
+from backfill.domain.money import pico_to_usd
 from backfill.domain.records import ApiKey
-from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL, Settings
+from backfill.settings import (
+    DEFAULT_CONTEXT_LENGTH,
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DEFAULT_MODALITIES,
+    LOCAL_ENGINE,
+    LOCAL_MODEL,
+    DeploymentSettings,
+    ModelSettings,
+    PricingSettings,
+    Settings,
+    catalog_model_from,
+)
 
 if TYPE_CHECKING:
     from backfill.container import Backfill
@@ -39,6 +51,8 @@ app.add_typer(engine_app, name="engine")
 
 ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
 DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
+ModalitiesOpt = Annotated[str, typer.Option(help="Comma-separated: text, image, audio.")]
+MODALITIES = ",".join(DEFAULT_MODALITIES)
 
 
 def _settings(config: Path | None, data: Path | None) -> Settings:
@@ -214,34 +228,32 @@ def model_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
 def model_set(
     model_id: Annotated[str, typer.Argument(help="Model name requests use.")],
     config_id: Annotated[str, typer.Option("--config-id", help="model_config_id (revision).")],
-    context_length: Annotated[int, typer.Option()] = 8192,
-    max_output_tokens: Annotated[int, typer.Option()] = 4096,
+    context_length: Annotated[int, typer.Option()] = DEFAULT_CONTEXT_LENGTH,
+    max_output_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_OUTPUT_TOKENS,
     input_price: Annotated[int | None, typer.Option(help="uUSD per 1M input tokens.")] = None,
     cached_price: Annotated[int | None, typer.Option(help="uUSD per 1M cached tokens.")] = None,
     output_price: Annotated[int | None, typer.Option(help="uUSD per 1M output tokens.")] = None,
     throughput: Annotated[int | None, typer.Option(help="Output tokens/s for admission.")] = None,
-    modalities: Annotated[str, typer.Option(help="Comma-separated.")] = "text",
+    modalities: ModalitiesOpt = MODALITIES,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
     """Create or change a model; without prices it is not batch-qualified."""
-    prices = None
+    pricing = None
     if input_price is not None and output_price is not None:
-        prices = Prices.of(input_price, cached_price, output_price)
+        pricing = PricingSettings(input=input_price, cached_input=cached_price, output=output_price)
+    spec = ModelSettings(
+        id=model_id,
+        model_config_id=config_id,
+        context_length=context_length,
+        max_output_tokens=max_output_tokens,
+        modalities=modalities.split(","),
+        batch=pricing,
+        throughput_tokens_per_s=throughput,
+    )
 
     async def action(b: Backfill) -> str:
-        model = await b.services.catalog.put(
-            CatalogModel(
-                id=model_id,
-                model_config_id=config_id,
-                context_length=context_length,
-                max_output_tokens=max_output_tokens,
-                modalities=frozenset(modalities.split(",")),
-                prices=prices,
-                throughput_tokens_per_s=throughput,
-            )
-        )
-        return _model_line(model)
+        return _model_line(await b.services.catalog.put(catalog_model_from(spec)))
 
     _run(_settings(config, data), action)
 
@@ -253,27 +265,27 @@ def deployment_set(
     config_id: Annotated[str, typer.Option("--config-id", help="model_config_id served.")],
     gpus: Annotated[int, typer.Option(help="GPUs of the deployment.")] = 1,
     gpu_second_price: Annotated[int, typer.Option(help="uUSD per GPU-second.")] = 0,
-    context_length: Annotated[int, typer.Option()] = 8192,
-    max_output_tokens: Annotated[int, typer.Option()] = 4096,
+    context_length: Annotated[int, typer.Option()] = DEFAULT_CONTEXT_LENGTH,
+    max_output_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_OUTPUT_TOKENS,
+    modalities: ModalitiesOpt = MODALITIES,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
     """Create or change a private deployment."""
+    spec = DeploymentSettings(
+        id=deployment_id,
+        org=org,
+        model_config_id=config_id,
+        gpu_count=gpus,
+        microusd_per_gpu_second=gpu_second_price,
+        context_length=context_length,
+        max_output_tokens=max_output_tokens,
+        modalities=modalities.split(","),
+    )
 
     async def action(b: Backfill) -> str:
         owner = await b.services.tenants.org(org)
-        model = await b.services.catalog.put(
-            CatalogModel(
-                id=deployment_id,
-                model_config_id=config_id,
-                context_length=context_length,
-                max_output_tokens=max_output_tokens,
-                owner_org_id=owner.id,
-                gpu_count=gpus,
-                microusd_per_gpu_second=gpu_second_price,
-            )
-        )
-        return _model_line(model)
+        return _model_line(await b.services.catalog.put(catalog_model_from(spec, owner.id)))
 
     _run(_settings(config, data), action)
 

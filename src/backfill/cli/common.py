@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -21,11 +20,8 @@ if TYPE_CHECKING:
 
 def load(config: Path | None, **overrides: Any) -> Settings:
     """Settings from ``config`` (TOML), the environment, and the overrides that are not None."""
-    if config is not None:
-        os.environ["BACKFILL_CONFIG"] = str(config)
-    # Through __init__, not model_validate: only __init__ reads the TOML file and environment.
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings.from_file(config, **{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         # One line per bad setting, naming it and its bound, instead of a traceback.
         problems = "; ".join(

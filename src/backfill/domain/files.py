@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import struct
 from enum import StrEnum
+
+from backfill.domain.lines import LineRef
 
 
 class FilePurpose(StrEnum):
@@ -38,3 +41,50 @@ def input_expiry_at_publish(current: int | None, now: int) -> int:
     """When a finished batch's input may go: now, unless it was due to go sooner. The janitor
     still keeps it while another unfinished batch reads it."""
     return now if current is None else min(current, now)
+
+
+# How long a file may be asked to live (``expires_after`` of an upload, ``output_expires_after``
+# of a batch): at least an hour, at most 30 days.
+MIN_EXPIRY_S = 3600
+MAX_EXPIRY_S = 30 * 24 * 3600
+
+_ENTRY = struct.Struct("<QIH")
+
+
+class LineIndex:
+    """The line index of an input file, kept beside its content so that creating a batch never
+    parses the file again. For each request line, in order: its byte offset in the content
+    (u64), its length with any trailing CR (u32) and the UTF-8 length of its custom_id (u16),
+    little-endian, then the custom_id itself."""
+
+    @staticmethod
+    def encode(offset: int, lines: list[bytes], custom_ids: list[str]) -> tuple[bytes, int]:
+        """The entries of consecutive ``lines`` (each without its newline), the first of which
+        starts at ``offset``; and where the line after them starts."""
+        pack = _ENTRY.pack
+        parts: list[bytes] = []
+        for raw, custom_id in zip(lines, custom_ids, strict=True):
+            cid = custom_id.encode()
+            parts.append(pack(offset, len(raw), len(cid)))
+            parts.append(cid)
+            offset += len(raw) + 1
+        return b"".join(parts), offset
+
+    @staticmethod
+    def decode(blob: bytes, first_idx: int = 0) -> tuple[list[LineRef], int]:
+        """The whole entries at the start of ``blob``, numbered from ``first_idx``, and how many
+        bytes they take: an index is read in parts, and an entry may straddle two."""
+        size = _ENTRY.size
+        unpack = _ENTRY.unpack_from
+        refs: list[LineRef] = []
+        pos = 0
+        idx = first_idx
+        while len(blob) - pos >= size:
+            offset, length, cid_len = unpack(blob, pos)
+            start = pos + size
+            if len(blob) - start < cid_len:
+                break
+            refs.append(LineRef(idx, offset, length, blob[start : start + cid_len].decode()))
+            pos = start + cid_len
+            idx += 1
+        return refs, pos

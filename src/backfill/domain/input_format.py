@@ -6,7 +6,6 @@ the per-line Python work left is a handful of comparisons.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import msgspec
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.decode_errors import Broken, explain
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -81,47 +81,36 @@ class _RawBody(msgspec.Struct):
 _BOM = b"\xef\xbb\xbf"
 _DECODER = msgspec.json.Decoder(RequestLine)
 _BODY = msgspec.json.Decoder(_RawBody)
-_MISSING = re.compile(r"Object missing required field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
-_AT = re.compile(r" - at `\$\.?([^`]*)`")
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
 
 
 def _decode_error(line_no: int, error: msgspec.ValidationError) -> LineError:
-    text = str(error)
-    if m := _MISSING.match(text):
-        missing = _join(m.group(2) or "", m.group(1))
+    problem = explain(error)
+    param = problem.param
+    if problem.broken is Broken.MISSING:
         return LineError(
             "missing_required_parameter",
-            f"Line {line_no}: missing required field '{missing}'.",
+            f"Line {line_no}: missing required field '{param}'.",
             line=line_no,
-            param=missing,
+            param=param,
         )
-    if m := _UNKNOWN.match(text):
-        unknown = _join(m.group(2) or "", m.group(1))
+    if problem.broken is Broken.UNKNOWN:
         return LineError(
             "invalid_value",
-            f"Line {line_no}: unknown field '{unknown}'; a line has only custom_id, method, url "
+            f"Line {line_no}: unknown field '{param}'; a line has only custom_id, method, url "
             "and body.",
             line=line_no,
-            param=unknown,
+            param=param,
         )
-    at = _AT.search(text)
-    if at is None and text.startswith("Expected `object`"):
+    if problem.broken is Broken.NOT_OBJECT:
         return LineError(
             "invalid_json_line",
             f"Line {line_no} is not a JSON object; each line must be one object with "
             "custom_id, method, url and body.",
             line=line_no,
         )
-    param: str | None = at.group(1) if at else None
-    reason = _AT.sub("", text)
     where = f" in field '{param}'" if param else ""
     return LineError(
-        "invalid_value", f"Line {line_no}: {reason}{where}.", line=line_no, param=param
+        "invalid_value", f"Line {line_no}: {problem.reason}{where}.", line=line_no, param=param
     )
 
 
@@ -140,10 +129,6 @@ class LineValidator:
         self._prompt_bound = 0
         self._max_output = 0
 
-    def check(self, raw: bytes, line_no: int) -> str:
-        """Validate one line (without its newline) and return its ``custom_id``."""
-        return self.check_lines([raw], line_no)[0]
-
     def check_lines(self, lines: list[bytes], first_line_no: int) -> list[str]:
         """Validate consecutive lines; returns their ``custom_id``s.
 
@@ -153,6 +138,11 @@ class LineValidator:
         """
         last = first_line_no + len(lines) - 1
         if last > self._limits.max_lines:
+            # The lines within the limit first: an earlier bad line is the one reported, however
+            # the file was cut into chunks.
+            self.check_lines(
+                lines[: max(self._limits.max_lines - first_line_no + 1, 0)], first_line_no
+            )
             line_no = self._limits.max_lines + 1
             raise LineError(
                 "too_many_requests_in_file",
@@ -209,13 +199,15 @@ class LineValidator:
                 model = self._check_request(req, line_no)
                 model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
                 max_tokens = model.max_output_tokens
-            elif messages:
-                for message in messages:
-                    if message.role not in roles or message.content.__class__ is list:
-                        self._check_messages(messages, model, line_no)
-                        break
             elif chat:
-                self._check_messages(messages, model, line_no)
+                # A completions line may carry messages too: they are not read, so not checked.
+                if messages:
+                    for message in messages:
+                        if message.role not in roles or message.content.__class__ is list:
+                            self._check_messages(messages, model, line_no)
+                            break
+                else:
+                    self._check_messages(messages, model, line_no)
             # An upper bound on prompt tokens without a tokenizer: a token of text covers at
             # least one byte of the line, and a chat template adds a few tokens per message.
             bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
@@ -426,18 +418,6 @@ class LineValidator:
             prompt_token_bound=self._prompt_bound,
             max_output_tokens=self._max_output,
         )
-
-
-def custom_id_of(raw: bytes) -> str:
-    """The ``custom_id`` of a line that passed validation."""
-    return _CUSTOM_ID_DECODER.decode(raw).custom_id
-
-
-class _CustomIdOnly(msgspec.Struct):
-    custom_id: str
-
-
-_CUSTOM_ID_DECODER = msgspec.json.Decoder(_CustomIdOnly)
 
 
 def request_body(raw: bytes) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from backfill.domain.input_format import Limits, LineError
@@ -19,45 +18,46 @@ class LineRef:
 
 
 class LineSplitter:
-    """Feed chunks, get complete lines.
+    """Feed chunks, get complete lines, numbered from 1.
 
-    ``feed_lines`` is the fast path: whole chunks are split by ``bytes.split`` (the per-line
-    work stays in C) and lines keep a trailing CR, which JSON treats as whitespace. Lines are
-    numbered consecutively: the first line ``feed_lines`` returns is ``line_no - len(lines) + 1``.
-    ``feed`` yields ``(line_no, offset, raw)`` with the CR removed, for callers that want that.
+    Whole chunks are split by ``bytes.split`` (the per-line work stays in C). A line keeps a
+    trailing CR, which JSON treats as whitespace and the line limit does not count.
     """
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
         self._rest = b""
-        self._offset = 0
         self._pending: LineError | None = None
         self.line_no = 0
         self.total = 0
 
-    def feed_lines(self, chunk: bytes) -> list[bytes]:
-        """Complete lines so far. When the file crosses its size limit, the lines before the
-        limit are returned and ``raise_pending`` raises the error (so an earlier bad line is
-        reported first)."""
+    def feed_lines(self, chunk: bytes) -> tuple[int, list[bytes]]:
+        """The number of the first line completed by ``chunk``, and those lines. When a line
+        outgrows its limit or the file its own, the lines before it are returned and
+        ``raise_pending`` raises the error: the caller checks those lines first, so an earlier
+        bad line is the one reported, wherever the chunks were cut."""
         self.raise_pending()
+        first = self.line_no + 1
         room = self._limits.max_file_bytes - self.total
         self.total += len(chunk)
         if len(chunk) > room:
             lines = self._split(chunk[: max(room, 0)])
-            self._pending = LineError(
-                "file_too_large",
-                f"The file is larger than {self._limits.max_file_bytes} bytes (line "
-                f"{self.line_no + 1} crosses the limit); split it into several batches.",
-                line=self.line_no + 1,
-            )
-            return lines
-        return self._split(chunk)
+            if self._pending is None:
+                self._pending = LineError(
+                    "file_too_large",
+                    f"The file is larger than {self._limits.max_file_bytes} bytes (line "
+                    f"{self.line_no + 1} crosses the limit); split it into several batches.",
+                    line=self.line_no + 1,
+                )
+            return first, lines
+        return first, self._split(chunk)
 
     def raise_pending(self) -> None:
         if self._pending is not None:
             raise self._pending
 
     def _split(self, chunk: bytes) -> list[bytes]:
+        """The complete lines of ``chunk``, up to a line over the limit (its error pending)."""
         lines = (self._rest + chunk if self._rest else chunk).split(b"\n")
         rest = lines.pop()
         limit = self._limits.max_line_bytes
@@ -65,40 +65,29 @@ class LineSplitter:
             for i, raw in enumerate(lines):
                 if len(raw) - raw.endswith(b"\r") > limit:
                     self.line_no += i
-                    self._line_too_large(self.line_no + 1)
+                    self._pending = self._line_too_large(self.line_no + 1)
+                    return lines[:i]
         self.line_no += len(lines)
         self._rest = rest
-        # A trailing CR may belong to a CRLF ending, which does not count toward the limit.
+        # A trailing CR may belong to a CRLF ending, which does not count toward the limit;
+        # a line is refused once it outgrows the limit, before its end arrives.
         if len(rest) - rest.endswith(b"\r") > limit:
-            self._line_too_large(self.line_no + 1)
+            self._pending = self._line_too_large(self.line_no + 1)
         return lines
 
-    def finish_lines(self) -> list[bytes]:
-        """The last line when the file does not end with a newline."""
+    def finish_lines(self) -> tuple[int, list[bytes]]:
+        """The last line when the file does not end with a newline, numbered as ``feed_lines``
+        numbers its lines."""
         self.raise_pending()
+        first = self.line_no + 1
         if not self._rest:
-            return []
+            return first, []
         raw, self._rest = self._rest, b""
         self.line_no += 1
-        return [raw]
+        return first, [raw]
 
-    def feed(self, chunk: bytes) -> Iterator[tuple[int, int, bytes]]:
-        yield from self._numbered(self.feed_lines(chunk))
-        self.raise_pending()
-
-    def finish(self) -> Iterator[tuple[int, int, bytes]]:
-        yield from self._numbered(self.finish_lines())
-
-    def _numbered(self, lines: list[bytes]) -> Iterator[tuple[int, int, bytes]]:
-        line_no = self.line_no - len(lines)
-        for raw in lines:
-            line_no += 1
-            offset = self._offset
-            self._offset += len(raw) + 1
-            yield line_no, offset, raw[:-1] if raw.endswith(b"\r") else raw
-
-    def _line_too_large(self, line_no: int) -> None:
-        raise LineError(
+    def _line_too_large(self, line_no: int) -> LineError:
+        return LineError(
             "line_too_large",
             f"Line {line_no} is longer than {self._limits.max_line_bytes} bytes; shorten it or "
             "move large inputs out of the request.",

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from backfill.domain import ids
+from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
 from backfill.domain.files import (
@@ -20,32 +17,16 @@ from backfill.domain.files import (
     content_key,
     index_key,
 )
-from backfill.domain.input_format import ENDPOINTS
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
 from backfill.domain.money import worst_case
 from backfill.domain.records import Admission, BatchRecord, Page
 from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
 from backfill.ports import BatchStore, Catalog, Clock
-from backfill.services.files import MAX_EXPIRY_S, MIN_EXPIRY_S, FileService
+from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.batches")
 
-CREATE_FIELDS = frozenset(
-    {
-        "input_file_id",
-        "endpoint",
-        "completion_window",
-        "metadata",
-        "webhook_url",
-        "output_expires_after",
-    }
-)
-MAX_METADATA_PAIRS = 16
-MAX_METADATA_KEY = 64
-MAX_METADATA_VALUE = 512
 MAX_IDEMPOTENCY_KEY = 256
-# orjson, which hashes and stores the request, encodes at most this many levels of nesting.
-MAX_REQUEST_DEPTH = 254
 # A creation interrupted by a passing storage or database fault is retried this often at most.
 ENQUEUE_RETRY_MAX_S = 60.0
 
@@ -60,73 +41,6 @@ class OrgLimits:
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidInput:
     return InvalidInput(message, code=code, param=param)
-
-
-def _check_metadata(metadata: Any) -> dict[str, str] | None:
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
-        raise _bad("'metadata' must be an object of string keys and values, or null.", "metadata")
-    if len(metadata) > MAX_METADATA_PAIRS:
-        raise _bad(
-            f"'metadata' has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.",
-            "metadata",
-        )
-    for key, value in metadata.items():
-        if len(key) > MAX_METADATA_KEY:
-            raise _bad(
-                f"metadata key {key[:20]!r}... is longer than {MAX_METADATA_KEY} characters.",
-                f"metadata.{key}",
-            )
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
-            raise _bad(
-                f"metadata value of {key!r} must be a string of at most {MAX_METADATA_VALUE} "
-                "characters.",
-                f"metadata.{key}",
-            )
-    return dict(metadata)
-
-
-def _canonical(request: dict[str, Any]) -> bytes:
-    """The request as sorted JSON, for the idempotency hash; the encoder refuses what no
-    field of a batch can hold (nesting past 254 levels, integers beyond 64 bits)."""
-    try:
-        return orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError:
-        pass
-    field = next(name for name in sorted(request) if not _encodes({name: request[name]}))
-    raise _bad(
-        f"'{field}' cannot be stored: it nests JSON deeper than {MAX_REQUEST_DEPTH} levels or "
-        "holds an integer beyond 64 bits.",
-        field,
-    )
-
-
-def _encodes(value: Any) -> bool:
-    try:
-        orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return False
-    return True
-
-
-def _output_expiry(value: Any) -> int | None:
-    """``output_expires_after: {anchor: "created_at", seconds: N}`` → N (SPEC §4.1)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or value.get("anchor") != "created_at":
-        raise _bad(
-            '\'output_expires_after\' must be {"anchor": "created_at", "seconds": N}.',
-            "output_expires_after",
-        )
-    seconds = value.get("seconds")
-    if not isinstance(seconds, int) or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
-        raise _bad(
-            f"'output_expires_after.seconds' must be a whole number from {MIN_EXPIRY_S} to "
-            f"{MAX_EXPIRY_S}.",
-            "output_expires_after.seconds",
-        )
-    return seconds
 
 
 def _unreadable(file_id: str, exc: BackfillError) -> ContentUnreadable:
@@ -208,26 +122,14 @@ class BatchService:
         self._starter = BatchStarter(store, files, clock)
 
     async def create(
-        self, org_id: str, request: dict[str, Any], idempotency_key: str | None
+        self,
+        org_id: str,
+        request: CreateBatchRequest,
+        idempotency_key: str | None,
+        request_hash: str,
     ) -> tuple[BatchRecord, bool]:
-        """Create a batch; returns it and whether it was new (False on an idempotent replay)."""
-        unknown = sorted(set(request) - CREATE_FIELDS)
-        if unknown:
-            raise _bad(
-                f"Unknown field '{unknown[0]}'; a batch takes {sorted(CREATE_FIELDS)}.",
-                unknown[0],
-                code="unknown_parameter",
-            )
-        if request.get("webhook_url") is not None:
-            # Nothing may be accepted and then ignored: a caller counting on a notification
-            # must learn now that none will come.
-            raise _bad(
-                "'webhook_url' is not supported: Backfill sends no webhooks; poll "
-                "GET /v1/batches/{batch_id} instead, and leave 'webhook_url' out or null.",
-                "webhook_url",
-                code="unsupported_parameter",
-            )
-        request_hash = hashlib.sha256(_canonical(request)).hexdigest()
+        """Create a batch; returns it and whether it was new (False on an idempotent replay).
+        ``request_hash`` tells a replay of the same submission from a reuse of its key."""
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
                 raise _bad(
@@ -331,25 +233,13 @@ class BatchService:
     async def _new_batch(
         self,
         org_id: str,
-        request: dict[str, Any],
+        request: CreateBatchRequest,
         idempotency_key: str | None,
         request_hash: str,
     ) -> tuple[BatchRecord, Admission]:
-        file_id = request.get("input_file_id")
-        if not isinstance(file_id, str) or not file_id:
-            raise _bad(
-                "'input_file_id' is required: the id of an uploaded batch file.",
-                "input_file_id",
-                code="missing_required_parameter",
-            )
-        endpoint = request.get("endpoint")
-        if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
-            raise _bad(
-                f"'endpoint' must be one of {sorted(ENDPOINTS)} (it is {endpoint!r}).", "endpoint"
-            )
-        window_text = request.get("completion_window", "24h")
-        if not isinstance(window_text, str):
-            raise _bad("'completion_window' must be a string such as '24h'.", "completion_window")
+        file_id = request.input_file_id
+        endpoint = request.endpoint
+        window_text = request.completion_window
         try:
             window = parse_duration(window_text)
         except ValueError as exc:
@@ -360,7 +250,6 @@ class BatchService:
                 f"{self._max_window_s / 3600:g}h (it is {window_text!r}).",
                 "completion_window",
             )
-        metadata = _check_metadata(request.get("metadata"))
         file = await self._files.find(org_id, file_id)
         if file is None:
             raise NotFound(f"No file with id {file_id!r}; upload it first.", param="input_file_id")
@@ -381,6 +270,7 @@ class BatchService:
                 code="model_not_found",
             )
         now = self._clock.now()
+        expiry = request.output_expires_after
         prices = None if model.private else model.prices
         reserve = (
             worst_case(prices, file.prompt_token_bound, file.max_output_tokens) if prices else 0
@@ -406,7 +296,7 @@ class BatchService:
             created_at=int(now),
             expires_at=int(now + window),
             total=file.lines,
-            metadata=metadata,
+            metadata=request.metadata,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             billing=model.billing,
@@ -414,7 +304,7 @@ class BatchService:
             price_cached_input=prices.cached_input if prices else None,
             price_output=prices.output if prices else None,
             output_token_bound=file.max_output_tokens,
-            output_expires_after_s=_output_expiry(request.get("output_expires_after")),
+            output_expires_after_s=expiry.seconds if expiry else None,
         ), admission
 
     async def get(self, org_id: str, batch_id: str) -> BatchRecord:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import struct
 from collections.abc import AsyncIterator
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.files import FilePurpose, FileStatus, content_key, index_key
+from backfill.domain.files import (
+    MAX_EXPIRY_S,
+    MIN_EXPIRY_S,
+    FilePurpose,
+    FileStatus,
+    LineIndex,
+    content_key,
+    index_key,
+)
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
 from backfill.domain.records import FileRecord, Page
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
-
-MIN_EXPIRY_S = 3600
-MAX_EXPIRY_S = 30 * 24 * 3600
-_INDEX_ENTRY = struct.Struct("<QIH")
 
 
 class Upload:
@@ -52,7 +55,7 @@ class Upload:
             # Stop at the first chunk past the quota; abort() removes what was written.
             raise retained_input_limit(self._retained, self._received, limit)
         try:
-            entries = self._entries(self._splitter.feed_lines(chunk))
+            entries = self._entries(*self._splitter.feed_lines(chunk))
             self._splitter.raise_pending()
         except LineError as exc:
             raise _invalid(exc) from None
@@ -60,22 +63,13 @@ class Upload:
         if entries:
             await self._index.write(entries)
 
-    def _entries(self, lines: list[bytes]) -> bytes:
-        """Validate ``lines`` and return their index entries: offset, length, custom_id."""
+    def _entries(self, first_line_no: int, lines: list[bytes]) -> bytes:
+        """Validate ``lines`` and return their line index entries."""
         if not lines:
             return b""
-        first = self._splitter.line_no - len(lines) + 1
-        ids = self._validator.check_lines(lines, first)
-        pack = _INDEX_ENTRY.pack
-        parts: list[bytes] = []
-        offset = self._offset
-        for raw, custom_id in zip(lines, ids, strict=True):
-            cid = custom_id.encode()
-            parts.append(pack(offset, len(raw), len(cid)))
-            parts.append(cid)
-            offset += len(raw) + 1
-        self._offset = offset
-        return b"".join(parts)
+        ids = self._validator.check_lines(lines, first_line_no)
+        entries, self._offset = LineIndex.encode(self._offset, lines, ids)
+        return entries
 
     async def finish(self, purpose: str | None, expires_after_s: int | None) -> FileRecord:
         if purpose != FilePurpose.BATCH:
@@ -86,7 +80,7 @@ class Upload:
                 param="purpose",
             )
         try:
-            tail = self._entries(self._splitter.finish_lines())
+            tail = self._entries(*self._splitter.finish_lines())
         except LineError as exc:
             raise _invalid(exc) from None
         summary = self._validator.summary()
@@ -254,22 +248,15 @@ class FileService:
         time: the index is streamed, so a million-line file never sits in memory at once."""
         buffer = b""
         refs: list[LineRef] = []
-        size = _INDEX_ENTRY.size
         idx = 0
         async for part in self.blobs.stream(index_key(file_id)):
             buffer += part
-            pos = 0
-            while len(buffer) - pos >= size:
-                offset, length, cid_len = _INDEX_ENTRY.unpack_from(buffer, pos)
-                if len(buffer) - pos < size + cid_len:
-                    break
-                start = pos + size
-                refs.append(LineRef(idx, offset, length, buffer[start : start + cid_len].decode()))
-                pos = start + cid_len
-                idx += 1
-                if len(refs) >= chunk:
-                    yield refs
-                    refs = []
-            buffer = buffer[pos:]
+            decoded, used = LineIndex.decode(buffer, idx)
+            buffer = buffer[used:]
+            idx += len(decoded)
+            refs.extend(decoded)
+            while len(refs) >= chunk:
+                yield refs[:chunk]
+                del refs[:chunk]
         if refs:
             yield refs

@@ -10,11 +10,19 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from backfill.adapters.http.auth import admin_refusal
-from backfill.adapters.http.deps import Services, services
+from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import list_object, model_object
-from backfill.domain.catalog import CatalogModel
-from backfill.domain.money import Prices, pico_to_usd
-from backfill.domain.records import ApiKey
+from backfill.domain.money import pico_to_usd
+from backfill.domain.records import ApiKey, Ledger
+from backfill.services.bundle import Services
+from backfill.settings import (
+    DEFAULT_CONTEXT_LENGTH,
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DeploymentSettings,
+    ModelSettings,
+    catalog_model_from,
+    default_modalities,
+)
 
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
 
@@ -59,11 +67,12 @@ class PricingIn(BaseModel):
     output: int = Field(ge=0)
 
 
+# The fields of ModelSettings and DeploymentSettings but the id, which is in the path.
 class ModelIn(BaseModel):
     model_config_id: str
-    context_length: int = Field(default=8192, ge=1)
-    max_output_tokens: int = Field(default=4096, ge=1)
-    modalities: list[str] = ["text"]
+    context_length: int = Field(default=DEFAULT_CONTEXT_LENGTH, ge=1)
+    max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1)
+    modalities: list[str] = Field(default_factory=default_modalities)
     batch: PricingIn | None = None
     throughput_tokens_per_s: int | None = Field(default=None, ge=1)
 
@@ -73,12 +82,12 @@ class DeploymentIn(BaseModel):
     model_config_id: str
     gpu_count: int = Field(default=1, ge=1)
     microusd_per_gpu_second: int = Field(ge=0)
-    context_length: int = Field(default=8192, ge=1)
-    max_output_tokens: int = Field(default=4096, ge=1)
-    modalities: list[str] = ["text"]
+    context_length: int = Field(default=DEFAULT_CONTEXT_LENGTH, ge=1)
+    max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1)
+    modalities: list[str] = Field(default_factory=default_modalities)
 
 
-def ledger_object(org: str, ledger: Any) -> dict[str, Any]:
+def ledger_object(org: str, ledger: Ledger) -> dict[str, Any]:
     return {
         "org": org,
         "unit": "usd",
@@ -147,38 +156,15 @@ async def list_models(_: Admin, svc: Svc) -> Response:
 
 @router.put("/models/{model_id:path}")
 async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
-    p = body.batch
-    prices = Prices.of(p.input, p.cached_input, p.output) if p else None
-    model = await svc.catalog.put(
-        CatalogModel(
-            id=model_id,
-            model_config_id=body.model_config_id,
-            context_length=body.context_length,
-            max_output_tokens=body.max_output_tokens,
-            modalities=frozenset(body.modalities),
-            prices=prices,
-            throughput_tokens_per_s=body.throughput_tokens_per_s,
-        )
-    )
-    return _json(model_object(model))
+    spec = ModelSettings(id=model_id, **body.model_dump())
+    return _json(model_object(await svc.catalog.put(catalog_model_from(spec))))
 
 
 @router.put("/deployments/{deployment_id:path}")
 async def put_deployment(deployment_id: str, body: DeploymentIn, _: Admin, svc: Svc) -> Response:
     org = await svc.tenants.org(body.org)
-    model = await svc.catalog.put(
-        CatalogModel(
-            id=deployment_id,
-            model_config_id=body.model_config_id,
-            context_length=body.context_length,
-            max_output_tokens=body.max_output_tokens,
-            modalities=frozenset(body.modalities),
-            owner_org_id=org.id,
-            gpu_count=body.gpu_count,
-            microusd_per_gpu_second=body.microusd_per_gpu_second,
-        )
-    )
-    return _json(model_object(model))
+    spec = DeploymentSettings(id=deployment_id, **body.model_dump())
+    return _json(model_object(await svc.catalog.put(catalog_model_from(spec, org.id))))
 
 
 @router.get("/engines")

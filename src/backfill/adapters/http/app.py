@@ -12,11 +12,11 @@ from starlette.responses import JSONResponse, Response
 from backfill import __version__
 from backfill.adapters.http.admin import router as admin_router
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
-from backfill.adapters.http.deps import Services
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
 from backfill.adapters.http.guard import EdgeGuard
 from backfill.adapters.http.routes import router
 from backfill.errors import Unauthorized
+from backfill.services.bundle import Services
 from backfill.settings import Settings
 
 

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi import Request
 
 from backfill.adapters.http.auth import bearer
-from backfill.services.batches import BatchService
-from backfill.services.billing import BillingService
-from backfill.services.catalog import CatalogService
-from backfill.services.files import FileService
-from backfill.services.operations import Operations
-from backfill.services.tenants import Principal, TenantService
-
-
-@dataclass(frozen=True, slots=True)
-class Services:
-    tenants: TenantService
-    files: FileService
-    batches: BatchService
-    catalog: CatalogService
-    billing: BillingService
-    operations: Operations
+from backfill.services.bundle import Services
+from backfill.services.tenants import Principal
 
 
 def services(request: Request) -> Services:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import Response
 
 from backfill.adapters.http import download
-from backfill.adapters.http.deps import Services, principal, services
+from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.multipart import stream_form
 from backfill.adapters.http.presenters import (
     batch_object,
@@ -18,7 +18,9 @@ from backfill.adapters.http.presenters import (
     model_object,
     receipt_object,
 )
+from backfill.adapters.http.requests import create_batch_request
 from backfill.errors import InvalidInput
+from backfill.services.bundle import Services
 from backfill.services.files import parse_expires_after
 from backfill.services.tenants import READ, WRITE, Principal
 
@@ -114,13 +116,8 @@ async def create_batch(
     idempotency_key: Annotated[str | None, Header(alias="idempotency-key")] = None,
 ) -> Response:
     caller.require(WRITE)
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json")
-    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key)
+    body, request_hash = create_batch_request(await request.body())
+    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key, request_hash)
     return _json(batch_object(batch))
 
 

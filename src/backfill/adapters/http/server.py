@@ -15,7 +15,7 @@ import asyncio
 import http
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -94,8 +94,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # ---- connection ------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio types the argument as any transport; a stream server hands its protocols a
+        # stream transport, the one uvicorn's protocol takes.
+        super().connection_made(cast(asyncio.Transport, transport))
         if len(self.connections) > self.limits.max_connections:
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
             self._answer_and_close(

@@ -1,0 +1,22 @@
+"""The services one process offers, as the container builds them for the API and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backfill.services.batches import BatchService
+from backfill.services.billing import BillingService
+from backfill.services.catalog import CatalogService
+from backfill.services.files import FileService
+from backfill.services.operations import Operations
+from backfill.services.tenants import TenantService
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    tenants: TenantService
+    files: FileService
+    batches: BatchService
+    catalog: CatalogService
+    billing: BillingService
+    operations: Operations
