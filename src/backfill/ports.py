@@ -12,13 +12,13 @@ from typing import Any, Protocol
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
+from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import (
     Admission,
     ApiKey,
     BatchRecord,
     Claim,
-    FileRecord,
     FinalizeLease,
     ItemResult,
     KeyringRecord,

@@ -24,9 +24,9 @@ from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
-from backfill.domain.files import FilePurpose, FileStatus, content_key
+from backfill.domain.files import FilePurpose, FileRecord, FileStatus, content_key
 from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
-from backfill.domain.records import BatchRecord, FileRecord, FinalizeLease, Org
+from backfill.domain.records import BatchRecord, FinalizeLease, Org
 from backfill.ports import BlobStore, BlobWriter
 from backfill.runner.finalize import Finalizer, result_context, result_file_id
 from backfill.services.files import FileService

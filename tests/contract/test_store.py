@@ -16,7 +16,7 @@ import pytest
 
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import Chunker
-from backfill.domain.files import FilePurpose, FileStatus
+from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.lines import LineRef
 from backfill.domain.records import (
@@ -24,7 +24,6 @@ from backfill.domain.records import (
     ApiKey,
     BatchRecord,
     ClaimedItem,
-    FileRecord,
     ItemResult,
     Org,
     StoredResult,

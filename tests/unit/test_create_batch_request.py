@@ -126,3 +126,16 @@ def test_nested_metadata_names_the_key() -> None:
     error = refused({**GOOD, "metadata": {"a": {"b": "c"}}})
     assert error.param == "metadata.a"
     assert "string" in error.message
+
+
+def test_an_unknown_key_inside_output_expires_after_is_refused_by_name() -> None:
+    body = {
+        "input_file_id": "file-1",
+        "endpoint": "/v1/chat/completions",
+        "output_expires_after": {"anchor": "created_at", "seconds": 3600, "extra": 1},
+    }
+    with pytest.raises(InvalidInput) as caught:
+        create_batch_request(orjson.dumps(body))
+    assert caught.value.code == "unknown_parameter"
+    assert caught.value.param == "output_expires_after.extra"
+    assert "'anchor' and 'seconds'" in caught.value.message

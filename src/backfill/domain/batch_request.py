@@ -9,9 +9,8 @@ import msgspec
 DEFAULT_COMPLETION_WINDOW = "24h"
 
 
-class OutputExpiresAfter(msgspec.Struct, frozen=True):
-    # Other keys in this object are ignored, as they always were: refusing them now would
-    # break callers that send them.
+class OutputExpiresAfter(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # Another key here would be accepted and then ignored: refused like any unknown field.
     anchor: Literal["created_at"]
     seconds: int
 

@@ -1,8 +1,10 @@
-"""What a file is: its purposes and statuses, where its bytes live, and how long it is kept."""
+"""What a file is: its record, purposes and statuses, where its bytes live, its line index,
+and how long it is kept."""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from enum import StrEnum
 
 from backfill.domain.lines import LineRef
@@ -22,6 +24,41 @@ class FileStatus(StrEnum):
     """Its content is gone; the row stays so ids are never reused."""
 
 
+@dataclass(slots=True)
+class FileRecord:
+    id: str
+    org_id: str
+    purpose: FilePurpose
+    filename: str
+    bytes: int
+    created_at: int
+    expires_at: int | None
+    status: FileStatus
+    lines: int = 0
+    model: str | None = None
+    endpoint: str | None = None
+    batch_id: str | None = None
+    prompt_token_bound: int = 0
+    max_output_tokens: int = 0
+
+
+def output_record(
+    file_id: str, batch_id: str, org_id: str, kind: str, size: int, now: int, ttl_s: int
+) -> FileRecord:
+    """The record of a batch's ``output`` or ``error`` file, kept ``ttl_s`` from ``now``."""
+    return FileRecord(
+        id=file_id,
+        org_id=org_id,
+        purpose=FilePurpose.BATCH_OUTPUT,
+        filename=f"{batch_id}_{kind}.jsonl",
+        bytes=size,
+        created_at=now,
+        expires_at=now + ttl_s,
+        status=FileStatus.PROCESSED,
+        batch_id=batch_id,
+    )
+
+
 # An accepted batch keeps its input at least this long past its deadline: a batch that ends
 # early lets it go at once (``input_expires_at`` at publish), one that runs late still has it.
 ACCEPTED_INPUT_GRACE_S = 24 * 3600
@@ -35,6 +72,12 @@ def content_key(file_id: str) -> str:
 def index_key(file_id: str) -> str:
     """The blob holding an input file's line index (``LineIndex``)."""
     return f"files/{file_id}.index"
+
+
+def accepted_input_expiry(deadline: int) -> int:
+    """How long an accepted batch keeps its input: past its deadline, so a batch that runs
+    late still has it (``input_expiry_at_publish`` shortens it when the batch ends)."""
+    return deadline + ACCEPTED_INPUT_GRACE_S
 
 
 def input_expiry_at_publish(current: int | None, now: int) -> int:

@@ -11,7 +11,6 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from backfill.domain.catalog import Billing
-from backfill.domain.files import FilePurpose, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
 
@@ -44,24 +43,6 @@ class ApiKey:
     created_at: int = 0
     last_used_at: int | None = None
     revoked_at: int | None = None
-
-
-@dataclass(slots=True)
-class FileRecord:
-    id: str
-    org_id: str
-    purpose: FilePurpose
-    filename: str
-    bytes: int
-    created_at: int
-    expires_at: int | None
-    status: FileStatus
-    lines: int = 0
-    model: str | None = None
-    endpoint: str | None = None
-    batch_id: str | None = None
-    prompt_token_bound: int = 0
-    max_output_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from backfill.domain import ids
-from backfill.domain.files import FilePurpose, FileStatus, content_key
+from backfill.domain.files import FileRecord, content_key, output_record
 from backfill.domain.lifecycle import BatchStatus
-from backfill.domain.records import BatchRecord, FileRecord
+from backfill.domain.records import BatchRecord
 from backfill.domain.results import ERROR_MESSAGES, error_row
 from backfill.ports import BlobStore, BlobWriter, Clock, ResultStore, Sealer
 
@@ -221,14 +221,5 @@ class Finalizer:
     def _record(
         self, batch: BatchRecord, file_id: str, kind: str, size: int, now: int
     ) -> FileRecord:
-        return FileRecord(
-            id=file_id,
-            org_id=batch.org_id,
-            purpose=FilePurpose.BATCH_OUTPUT,
-            filename=f"{batch.id}_{kind}.jsonl",
-            bytes=size,
-            created_at=now,
-            expires_at=now + (batch.output_expires_after_s or self._output_ttl_s),
-            status=FileStatus.PROCESSED,
-            batch_id=batch.id,
-        )
+        ttl = batch.output_expires_after_s or self._output_ttl_s
+        return output_record(file_id, batch.id, batch.org_id, kind, size, now, ttl)

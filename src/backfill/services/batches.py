@@ -12,8 +12,8 @@ from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
 from backfill.domain.files import (
-    ACCEPTED_INPUT_GRACE_S,
     FilePurpose,
+    accepted_input_expiry,
     content_key,
     index_key,
 )
@@ -282,7 +282,7 @@ class BatchService:
             max_retained_input_bytes=self._limits.max_retained_input_bytes,
             throughput_tokens_per_s=model.throughput_tokens_per_s,
             # Accepted input lives until its batch ends, and at most a day past the window.
-            input_expires_at=int(now + window) + ACCEPTED_INPUT_GRACE_S,
+            input_expires_at=accepted_input_expiry(int(now + window)),
         )
         return BatchRecord(
             id=ids.batch_id(),

@@ -10,6 +10,7 @@ from backfill.domain.files import (
     MAX_EXPIRY_S,
     MIN_EXPIRY_S,
     FilePurpose,
+    FileRecord,
     FileStatus,
     LineIndex,
     content_key,
@@ -17,7 +18,7 @@ from backfill.domain.files import (
 )
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
-from backfill.domain.records import FileRecord, Page
+from backfill.domain.records import Page
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
 

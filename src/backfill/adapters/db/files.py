@@ -16,8 +16,8 @@ from backfill.adapters.db.rows import (
     lock_org,
 )
 from backfill.domain.admission import check_retained
-from backfill.domain.files import FilePurpose, FileStatus
-from backfill.domain.records import FileRecord, Page
+from backfill.domain.files import FilePurpose, FileRecord, FileStatus
+from backfill.domain.records import Page
 
 
 async def retained_input(conn: AsyncConnection, org_id: str) -> int:

@@ -15,9 +15,9 @@ from sqlalchemy import insert, or_, select, update
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import file_values, release_reservation
-from backfill.domain.files import input_expiry_at_publish
+from backfill.domain.files import FileRecord, input_expiry_at_publish
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus
-from backfill.domain.records import FileRecord, FinalizeLease
+from backfill.domain.records import FinalizeLease
 
 
 class FinalizeQueries(SqlBase):

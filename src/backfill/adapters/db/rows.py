@@ -13,10 +13,10 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
 from backfill.domain import ids, lifecycle
 from backfill.domain.catalog import Billing, CatalogModel
-from backfill.domain.files import FilePurpose, FileStatus
+from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
-from backfill.domain.records import BatchRecord, FileRecord, Receipt, ReceiptKind
+from backfill.domain.records import BatchRecord, Receipt, ReceiptKind
 from backfill.errors import InvalidInput
 
 BATCH_FIELDS = [f.name for f in fields(BatchRecord)]

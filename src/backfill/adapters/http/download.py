@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from starlette.responses import Response, StreamingResponse
 
 from backfill.adapters.http.envelope import error_response
-from backfill.domain.files import content_key
-from backfill.domain.records import FileRecord
+from backfill.domain.files import FileRecord, content_key
 from backfill.errors import ContentUnreadable
 from backfill.services.files import FileService
 

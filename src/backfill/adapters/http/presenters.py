@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.files import FileRecord
 from backfill.domain.money import pico_to_usd
-from backfill.domain.records import BatchRecord, FileRecord, Receipt
+from backfill.domain.records import BatchRecord, Receipt
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:

@@ -50,6 +50,14 @@ def _bad(message: str, param: str | None, code: str = "invalid_value") -> Invali
 
 def _refusal(problem: DecodeProblem, body: dict[str, Any]) -> InvalidInput:
     field = problem.field
+    if problem.broken is Broken.UNKNOWN and problem.param != field:
+        # Inside a field's object: only output_expires_after is one.
+        return _bad(
+            f"Unknown field '{problem.param}'; 'output_expires_after' takes only 'anchor' and "
+            "'seconds'.",
+            problem.param,
+            "unknown_parameter",
+        )
     if problem.broken is Broken.UNKNOWN:
         return _bad(
             f"Unknown field '{field}'; a batch takes {sorted(FIELD_RULES)}.",
