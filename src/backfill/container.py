@@ -211,26 +211,7 @@ def build(
         settings.input_file_ttl_s,
         max_retained_input_bytes=settings.max_retained_input_bytes,
     )
-    batches = BatchService(
-        store,
-        files,
-        catalog,
-        clock,
-        min_window_s=settings.min_completion_window_s,
-        max_window_s=settings.max_completion_window_s,
-        idempotency_required=settings.idempotency_required,
-        limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
-    )
     metrics = Metrics()
-    operations = Operations(store, metrics)
-    services = Services(
-        TenantService(store, store, clock),
-        files,
-        batches,
-        catalog,
-        BillingService(store, store, clock),
-        operations,
-    )
     worker: Worker | None = None
     processes: list[ManagedProcess] = []
     if role in ("all", "worker"):
@@ -248,7 +229,24 @@ def build(
             Janitor(store, files, clock),
             metrics,
         )
-        operations.observers.append(worker.observe)
-        batches.created_listeners.append(worker.note_created)
-        batches.cancel_listeners.append(worker.stop_starting)
+    batches = BatchService(
+        store,
+        files,
+        catalog,
+        clock,
+        min_window_s=settings.min_completion_window_s,
+        max_window_s=settings.max_completion_window_s,
+        idempotency_required=settings.idempotency_required,
+        limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
+        events=worker,
+    )
+    operations = Operations(store, metrics, worker.observe if worker is not None else None)
+    services = Services(
+        TenantService(store, store, clock),
+        files,
+        batches,
+        catalog,
+        BillingService(store, store, clock),
+        operations,
+    )
     return Backfill(settings, store, blobs, services, worker, master, clock, processes)

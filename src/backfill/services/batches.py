@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from backfill.domain import ids
 from backfill.domain.batch_request import CreateBatchRequest
@@ -92,6 +92,18 @@ class BatchStarter:
         )
 
 
+class BatchEvents(Protocol):
+    """What an in-process worker wants to hear at once, rather than at its next poll."""
+
+    def note_created(self, batch_id: str) -> None:
+        """A batch started: look for work now."""
+        ...
+
+    def stop_starting(self, batch_id: str) -> None:
+        """A batch is cancelling: start nothing more of it."""
+        ...
+
+
 class BatchService:
     def __init__(
         self,
@@ -104,6 +116,7 @@ class BatchService:
         max_window_s: float,
         idempotency_required: bool = False,
         limits: OrgLimits | None = None,
+        events: BatchEvents | None = None,
     ) -> None:
         self._store = store
         self._files = files
@@ -113,9 +126,7 @@ class BatchService:
         self._max_window_s = max_window_s
         self._idempotency_required = idempotency_required
         self._limits = limits or OrgLimits()
-        # An in-process worker listens: it starts new batches and stops cancelled ones at once.
-        self.created_listeners: list[Callable[[str], None]] = []
-        self.cancel_listeners: list[Callable[[str], None]] = []
+        self._events = events
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
@@ -187,8 +198,8 @@ class BatchService:
             self._started(batch.id)
 
     def _started(self, batch_id: str) -> None:
-        for listener in self.created_listeners:
-            listener(batch_id)
+        if self._events is not None:
+            self._events.note_created(batch_id)
 
     def _retry_later(self, batch: BatchRecord) -> None:
         if batch.id in self._retries:
@@ -328,6 +339,6 @@ class BatchService:
             BatchStatus.CANCELLING,
             int(self._clock.now()),
         )
-        for listener in self.cancel_listeners:
-            listener(batch_id)
+        if self._events is not None:
+            self._events.stop_starting(batch_id)
         return await self.get(org_id, batch_id)

@@ -12,11 +12,16 @@ log = logging.getLogger("backfill.api")
 
 
 class Operations:
-    def __init__(self, store: OperationsStore, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: OperationsStore,
+        metrics: Metrics,
+        observe: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
         self.metrics = metrics
         # Called before each scrape: the worker refreshes the gauges only it knows.
-        self.observers: list[Callable[[], None]] = []
+        self._observe = observe
 
     async def ready(self) -> bool:
         try:
@@ -32,6 +37,6 @@ class Operations:
         for status, count in statuses.items():
             self.metrics.batches.labels(status).set(count)
         self.metrics.queue_depth.set(depth)
-        for observe in self.observers:
-            observe()
+        if self._observe is not None:
+            self._observe()
         return self.metrics.render()
