@@ -91,6 +91,16 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _replacing(
+    ins: Any, key: Sequence[Column[Any]], replace: Sequence[str], where: ColumnElement[bool]
+) -> Insert:
+    """``ins`` (either dialect's insert) turned into an upsert of the ``replace`` columns."""
+    upsert: Insert = ins.on_conflict_do_update(
+        index_elements=key, set_={c: ins.excluded[c] for c in replace}, where=where
+    )
+    return upsert
+
+
 class _Sqlite:
     def engine(self, url: str) -> AsyncEngine:
         # One connection: SQLite has one writer anyway, and serialising here avoids
@@ -121,10 +131,7 @@ class _Sqlite:
         replace: Sequence[str],
         where: ColumnElement[bool],
     ) -> Insert:
-        ins = sqlite_insert(table).values(**values)
-        return ins.on_conflict_do_update(
-            index_elements=key, set_={c: ins.excluded[c] for c in replace}, where=where
-        )
+        return _replacing(sqlite_insert(table).values(**values), key, replace, where)
 
     def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
         return func.max(a, b)
@@ -170,10 +177,7 @@ class _Postgres:
         replace: Sequence[str],
         where: ColumnElement[bool],
     ) -> Insert:
-        ins = pg_insert(table).values(**values)
-        return ins.on_conflict_do_update(
-            index_elements=key, set_={c: ins.excluded[c] for c in replace}, where=where
-        )
+        return _replacing(pg_insert(table).values(**values), key, replace, where)
 
     def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
         return func.greatest(a, b)
