@@ -155,7 +155,9 @@ class Admission:
     input_expires_at: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one is built per request served, and a frozen dataclass's __init__ costs twice
+# as much (it sets each of these fields through object.__setattr__).
+@dataclass(slots=True)
 class Receipt:
     request_id: str
     org_id: str
