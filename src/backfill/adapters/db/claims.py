@@ -8,11 +8,12 @@ which it takes last, in key order.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy import Select, TextClause, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -61,6 +62,14 @@ _PICKED = (
 )
 
 
+@functools.cache
+def _pick_statement(dialect: Dialect) -> TextClause:
+    """The statement that picks a chunk per lane, built once per dialect, not per claim."""
+    return text(dialect.one_chunk_per_lane(_LANES, _READY_CHUNK, _PICKED)).bindparams(
+        bindparam("models", expanding=True)
+    )
+
+
 class ClaimQueries(SqlBase):
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
@@ -69,9 +78,7 @@ class ClaimQueries(SqlBase):
         least-served lanes, lines in index order within each."""
         if not models or limit <= 0:
             return []
-        pick = text(self.dialect.one_chunk_per_lane(_LANES, _READY_CHUNK, _PICKED)).bindparams(
-            bindparam("models", expanding=True)
-        )
+        pick = _pick_statement(self.dialect)
         claims: list[Claim] = []
         served: Counter[tuple[str, str]] = Counter()
         drained: Counter[tuple[str, str]] = Counter()

@@ -7,7 +7,7 @@ there. The other differences are spellings. ``SqlBase`` picks one dialect per en
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
@@ -31,7 +31,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 _Query = TypeVar("_Query", bound=Select[Any])
 
 
-class Dialect(Protocol):
+class Dialect(Hashable, Protocol):
     def engine(self, url: str) -> AsyncEngine:
         """The engine, pooled and configured for this database."""
         ...
