@@ -30,20 +30,8 @@ async def dispatcher(
     kit: Kit, *engines: ScriptedEngine, poll_interval_s: float = 0.05
 ) -> tuple[Dispatcher, EnginePool, Started]:
     started = Started()
-    pool = EnginePool(engines, started)
-    for slot in pool.slots:
-        assert await slot.check()
-    made = Dispatcher(
-        kit.store,
-        kit.store,
-        kit.blobs,
-        pool,
-        kit.leases,
-        kit.clock,
-        poll_interval_s=poll_interval_s,
-        gather_s=0.001,
-    )
-    return made, pool, started
+    pool = await kit.pool(engines, started)
+    return kit.dispatcher(pool, poll_interval_s), pool, started
 
 
 async def test_claims_fill_each_engine_and_its_backlog_across_orgs(kit: Kit) -> None:

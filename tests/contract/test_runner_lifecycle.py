@@ -38,19 +38,8 @@ class Parts:
 
 async def parts(kit: Kit, engine: ScriptedEngine) -> Parts:
     runner = kit.runner()
-    pool = EnginePool([engine], runner.start)
-    for slot in pool.slots:
-        assert await slot.check()
-    dispatch = Dispatcher(
-        kit.store,
-        kit.store,
-        kit.blobs,
-        pool,
-        kit.leases,
-        kit.clock,
-        poll_interval_s=0.05,
-        gather_s=0.001,
-    )
+    pool = await kit.pool([engine], runner.start)
+    dispatch = kit.dispatcher(pool)
     finalizer = Finalizer(kit.store, kit.blobs, kit.keyring, kit.clock, 3600)
     files = FileService(
         kit.store, kit.blobs, NoDeployments(), kit.clock, Limits(1 << 20, 1000, 1 << 16), 3600

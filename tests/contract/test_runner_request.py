@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,10 @@ from backfill.domain.catalog import CatalogModel
 from backfill.domain.files import content_key
 from backfill.domain.records import BatchRecord, ItemResult, Org
 from backfill.metrics import Metrics
-from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
+from backfill.ports import Engine, EngineReply, EngineTimeout, EngineUnreachable
 from backfill.runner.attempts import Attempts, RetryPolicy
-from backfill.runner.engines import EngineSlot, Queued
+from backfill.runner.dispatch import Dispatcher
+from backfill.runner.engines import EnginePool, EngineSlot, Queued, Start
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.finalize import result_context
 from backfill.runner.gpu_meter import GpuMeter
@@ -117,6 +118,25 @@ class Kit:
             catalog=NoDeployments(),
             clock=self.clock,
             retry_max_s=0.002,
+        )
+
+    async def pool(self, engines: Sequence[Engine], start: Start) -> EnginePool:
+        """A pool of healthy slots that hand each request they start to ``start``."""
+        pool = EnginePool(engines, start)
+        for slot in pool.slots:
+            assert await slot.check()
+        return pool
+
+    def dispatcher(self, pool: EnginePool, poll_interval_s: float = 0.05) -> Dispatcher:
+        return Dispatcher(
+            self.store,
+            self.store,
+            self.blobs,
+            pool,
+            self.leases,
+            self.clock,
+            poll_interval_s=poll_interval_s,
+            gather_s=0.001,
         )
 
     async def batch(self, org: Org, lines: int, **fields: Any) -> BatchRecord:
