@@ -23,12 +23,15 @@ from backfill.adapters.clock import SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.adapters.engines.pressure import Flavor, MetricsProbe
 from backfill.adapters.http.app import create_app
 from backfill.adapters.private import private_dir, tighten_file
+from backfill.domain.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.metrics import Metrics
-from backfill.ports import Clock, Engine
+from backfill.ports import Clock, Engine, PressureProbe
+from backfill.runner.engines import Sharing
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
@@ -42,6 +45,7 @@ from backfill.settings import (
     LOCAL_CONTEXT,
     LOCAL_ENGINE,
     LOCAL_MODEL,
+    EngineSettings,
     Settings,
     catalog_model_from,
 )
@@ -144,41 +148,59 @@ def _raw_store(settings: Settings) -> RawStore:
     return LocalRawStore(settings.resolved_storage_path)
 
 
-def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess]]:
+def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess], Sharing]:
     engines: list[Engine] = []
     processes: list[ManagedProcess] = []
+    limits: dict[str, ConcurrencyLimit] = {}
+    probes: dict[str, PressureProbe] = {}
     if settings.local_engine:
         process = ManagedProcess(
             LOCAL_ENGINE,
             llama_cpp_command(LOCAL_MODEL, n_ctx=LOCAL_CONTEXT, parallel=1),
         )
         processes.append(process)
+        concurrency = settings.local_engine_concurrency
         engines.append(
             OpenAIHttpEngine(
                 LOCAL_ENGINE,
                 process.base_url,
                 {LOCAL_MODEL: LOCAL_MODEL},
-                max_concurrency=settings.local_engine_concurrency,
+                max_concurrency=concurrency,
             )
         )
+        limits[LOCAL_ENGINE] = ConcurrencyLimit(concurrency, settings.local_engine_mode)
     for spec in settings.engines:
         base_url = spec.base_url
         if spec.command:
             process = ManagedProcess(spec.name, spec.command)
             processes.append(process)
             base_url = process.base_url
-        engines.append(
-            OpenAIHttpEngine(
-                spec.name,
-                base_url,
-                {m: spec.served_names.get(m, m) for m in spec.models},
-                max_concurrency=spec.max_concurrency,
-                request_timeout_s=spec.request_timeout_s,
-                connect_timeout_s=spec.connect_timeout_s,
-                api_key=spec.api_key,
-            )
+        engine = OpenAIHttpEngine(
+            spec.name,
+            base_url,
+            {m: spec.served_names.get(m, m) for m in spec.models},
+            max_concurrency=spec.max_concurrency,
+            request_timeout_s=spec.request_timeout_s,
+            connect_timeout_s=spec.connect_timeout_s,
+            api_key=spec.api_key,
         )
-    return engines, processes
+        engines.append(engine)
+        limits[spec.name] = _limit(spec)
+        if spec.mode == Mode.SHARED and spec.signal != "latency":
+            flavor = None if spec.signal == "auto" else Flavor(spec.signal)
+            probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
+    return engines, processes, Sharing(limits, probes, settings.pressure_interval_s)
+
+
+def _limit(spec: EngineSettings) -> ConcurrencyLimit:
+    targets = SharedTargets(
+        slots=spec.slots,
+        headroom=spec.headroom,
+        headroom_sigmas=spec.headroom_sigmas,
+        kv_target=spec.kv_target,
+        latency_tolerance=spec.latency_tolerance,
+    )
+    return ConcurrencyLimit(spec.max_concurrency, spec.mode, targets)
 
 
 def build(
@@ -187,6 +209,7 @@ def build(
     role: str = "all",
     clock: Clock | None = None,
     engines: list[Engine] | None = None,
+    sharing: Sharing | None = None,
 ) -> Backfill:
     clock = clock or SystemClock()
     private_dir(settings.data_dir)
@@ -216,7 +239,7 @@ def build(
     processes: list[ManagedProcess] = []
     if role in ("all", "worker"):
         if engines is None:
-            engines, processes = _engines(settings)
+            engines, processes, sharing = _engines(settings)
         worker = Worker(
             store,
             blobs,
@@ -228,6 +251,7 @@ def build(
             BatchStarter(store, files, clock),
             Janitor(store, files, clock),
             metrics,
+            sharing,
         )
     batches = BatchService(
         store,

@@ -33,6 +33,19 @@ class Metrics:
         self.in_flight = Gauge(
             "backfill_engine_in_flight", "Requests in flight per engine.", ["engine"], registry=r
         )
+        self.concurrency_limit = Gauge(
+            "backfill_engine_concurrency_limit",
+            "Batch requests each engine may have in flight now (adaptive on shared engines).",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_pressure = Gauge(
+            "backfill_engine_pressure",
+            "What a shared engine's limit follows: interactive requests on it (signal "
+            "metrics) or Backfill's latency over its floor (signal latency).",
+            ["engine"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "backfill_queue_depth", "Requests of unfinished batches not yet done.", registry=r
         )

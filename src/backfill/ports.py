@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
+from backfill.domain.concurrency import Pressure
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import (
@@ -109,6 +110,16 @@ class Engine(Protocol):
         ...
 
     async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class PressureProbe(Protocol):
+    """Reads a shared engine's own load (its metrics)."""
+
+    async def read(self) -> Pressure | None:
+        """The engine's load now; None when it cannot be read."""
+        ...
 
     async def close(self) -> None: ...
 

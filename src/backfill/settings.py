@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -16,6 +16,7 @@ from pydantic_settings import (
 )
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.concurrency import Mode
 from backfill.domain.money import Prices
 
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -120,6 +121,19 @@ class EngineSettings(BaseModel):
     # A managed engine is started and supervised by Backfill from this command template;
     # ``{port}`` and ``{host}`` are filled in. Empty means the engine runs elsewhere.
     command: list[str] = Field(default_factory=list)
+    # Shared with interactive traffic, batch work takes only what that traffic leaves
+    # (docs/scheduling.md); dedicated fills up to max_concurrency.
+    mode: Mode = Mode.DEDICATED
+    # What a shared engine's limit follows: its metrics (auto: vLLM's or SGLang's names,
+    # whichever /metrics has, else latency) or Backfill's own latency only.
+    signal: Literal["auto", "vllm", "sglang", "latency"] = "auto"
+    metrics_url: str | None = None
+    # The engine's sequence slots (vLLM --max-num-seqs); unset: AIMD on its queue.
+    slots: int | None = Field(default=None, ge=1)
+    headroom: float = Field(default=2.0, ge=0)
+    headroom_sigmas: float = Field(default=1.0, ge=0)
+    kv_target: float = Field(default=0.9, gt=0, le=1)
+    latency_tolerance: float = Field(default=1.5, gt=1)
 
 
 class Settings(BaseSettings):
@@ -149,6 +163,9 @@ class Settings(BaseSettings):
     engines: list[EngineSettings] = Field(default_factory=list)
     local_engine: bool = True
     local_engine_concurrency: int = 2
+    # The embedded engine may serve people too (docs/scheduling.md); it has no metrics, so a
+    # shared one follows Backfill's latency.
+    local_engine_mode: Mode = Mode.DEDICATED
 
     max_file_bytes: int = 256 * 1024 * 1024
     max_lines: int = 1_000_000
@@ -173,6 +190,11 @@ class Settings(BaseSettings):
     lifecycle_interval_s: float = Field(0.2, gt=0)
     # Slots that free up within this long of each other are refilled by one claim.
     dispatch_gather_s: float = Field(0.005, ge=0)
+    # Replicas of a model (engines serving the same models) claim together, and lines that
+    # share a prompt prefix go to the same one, back to back (docs/scheduling.md).
+    prefix_locality: bool = True
+    # How often a shared engine's metrics are read while they can be.
+    pressure_interval_s: float = Field(0.25, gt=0)
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     max_unfinished_batches: int = 4

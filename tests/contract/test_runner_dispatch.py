@@ -21,9 +21,11 @@ class Started:
 
     def __init__(self) -> None:
         self.queued: list[Queued] = []
+        self.by_slot: dict[str, list[Queued]] = {}
 
-    def __call__(self, _slot: EngineSlot, queued: Queued) -> None:
+    def __call__(self, slot: EngineSlot, queued: Queued) -> None:
         self.queued.append(queued)
+        self.by_slot.setdefault(slot.engine.name, []).append(queued)
 
 
 async def dispatcher(
@@ -123,3 +125,42 @@ async def test_a_round_with_nothing_to_claim_waits_for_a_wake_up(kit: Kit) -> No
     pool.wake()
     # Without the wake-up the round would wait four poll intervals: four hours.
     await asyncio.wait_for(waiting, 30)
+
+
+def prompt(i: int) -> dict[str, object]:
+    """Six system prompts, each shared by every sixth line."""
+    return {"messages": [{"role": "system", "content": f"p{i % 6}"}, {"content": f"q{i}"}]}
+
+
+async def test_replicas_claim_together_and_each_prefix_goes_to_one_of_them(kit: Kit) -> None:
+    model = "m-replicated"
+    await kit.batch(await make_org(kit.store), 60, body=prompt, model=model)
+    replicas = [ScriptedEngine(model, max_concurrency=10) for _ in range(3)]
+    for n, engine in enumerate(replicas):
+        engine.name = f"replica-{n}"
+    dispatch, pool, started = await dispatcher(kit, *replicas)
+
+    # One claim for the three: each fills its slots and its backlog.
+    assert await dispatch.dispatch_once() == 3 * (10 + 2)
+    assert all(s.in_flight == 10 and len(s.backlog) == 2 for s in pool.slots)
+    by_slot = {
+        slot.engine.name: [
+            q.item.idx % 6 for q in (*started.by_slot[slot.engine.name], *slot.backlog)
+        ]
+        for slot in pool.slots
+    }
+    # Lines of one prompt are sent back to back: each replica sees each prompt in one run.
+    for prompts in by_slot.values():
+        runs = [p for n, p in enumerate(prompts) if n == 0 or prompts[n - 1] != p]
+        assert len(runs) == len(set(runs))
+
+
+async def test_without_locality_each_engine_claims_on_its_own(kit: Kit) -> None:
+    model = "m-replicated"
+    await kit.batch(await make_org(kit.store), 60, body=prompt, model=model)
+    replicas = [ScriptedEngine(model, max_concurrency=10) for _ in range(3)]
+    started = Started()
+    pool = await kit.pool(replicas, started)
+    dispatch = kit.dispatcher(pool, locality=False)
+    assert await dispatch.dispatch_once() == 36
+    assert all(s.in_flight == 10 for s in pool.slots)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from backfill.metrics import Metrics
 from backfill.ports import Engine, EngineReply, EngineTimeout, EngineUnreachable
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool, EngineSlot, Queued, Start
+from backfill.runner.engines import EnginePool, EngineSlot, Queued, Sharing, Start
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.finalize import result_context
 from backfill.runner.gpu_meter import GpuMeter
@@ -120,14 +120,18 @@ class Kit:
             retry_max_s=0.002,
         )
 
-    async def pool(self, engines: Sequence[Engine], start: Start) -> EnginePool:
+    async def pool(
+        self, engines: Sequence[Engine], start: Start, sharing: Sharing | None = None
+    ) -> EnginePool:
         """A pool of healthy slots that hand each request they start to ``start``."""
-        pool = EnginePool(engines, start)
+        pool = EnginePool(engines, start, sharing)
         for slot in pool.slots:
             assert await slot.check()
         return pool
 
-    def dispatcher(self, pool: EnginePool, poll_interval_s: float = 0.05) -> Dispatcher:
+    def dispatcher(
+        self, pool: EnginePool, poll_interval_s: float = 0.05, *, locality: bool = True
+    ) -> Dispatcher:
         return Dispatcher(
             self.store,
             self.store,
@@ -137,22 +141,25 @@ class Kit:
             self.clock,
             poll_interval_s=poll_interval_s,
             gather_s=0.001,
+            locality=locality,
         )
 
-    async def batch(self, org: Org, lines: int, **fields: Any) -> BatchRecord:
-        """A running batch whose sealed input holds ``lines`` requests (make_batch's lines
-        lie at offsets of 100 bytes)."""
+    async def batch(
+        self,
+        org: Org,
+        lines: int,
+        body: Callable[[int], dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> BatchRecord:
+        """A running batch whose sealed input holds ``lines`` requests, of ``body(i)`` when
+        given (make_batch's lines lie at offsets of 100 bytes)."""
         batch = await make_batch(self.store, org, lines, **fields)
         writer = await self.blobs.writer(content_key(batch.input_file_id))
         for i in range(lines):
-            line = orjson.dumps(
-                {
-                    "custom_id": f"req-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"max_tokens": 1},
-                }
-            )
+            request = {"custom_id": f"req-{i}", "body": body(i) if body else {"max_tokens": 1}}
+            if body is None:
+                request |= {"method": "POST", "url": "/v1/chat/completions"}
+            line = orjson.dumps(request)
             assert len(line) <= 100
             await writer.write(line.ljust(100))
         await writer.commit()

@@ -29,6 +29,7 @@ def test_every_field_comes_from_settings() -> None:
         dispatch_gather_s=0.01,
         validating_grace_s=12.0,
         validating_retry_max_s=45.0,
+        prefix_locality=False,
     )
     config = WorkerConfig.from_settings(settings, sole_worker=True)
     assert config == WorkerConfig(
@@ -46,4 +47,5 @@ def test_every_field_comes_from_settings() -> None:
         sole_worker=True,
         validating_grace_s=12.0,
         validating_retry_max_s=45.0,
+        prefix_locality=False,
     )

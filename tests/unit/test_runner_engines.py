@@ -16,6 +16,7 @@ from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import MemoryRawStore
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.catalog import Billing
+from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure, SharedTargets
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
@@ -166,3 +167,52 @@ def test_in_flight_stays_within_its_bounds(steps: list[tuple[str, int]]) -> None
         assert offered == len(recorder.started) + len(slot.backlog) + dropped
         # Nothing waits while a slot is free.
         assert not (slot.free and slot.backlog)
+
+
+async def test_a_shared_slot_starts_what_its_limit_allows_as_the_engines_load_moves() -> None:
+    engine = SwitchableEngine(max_concurrency=8)
+    recorder = Recorder()
+    limit = ConcurrencyLimit(8, Mode.SHARED, SharedTargets(slots=16, headroom=0, headroom_sigmas=0))
+    slot = EngineSlot(engine, recorder.start, recorder.wake, limit)
+    assert await slot.check()
+    # Before any look at the engine, a shared slot starts low.
+    slot.offer(work("batch_a", 10))
+    assert slot.in_flight == 4
+    # 14 interactive requests on a 16-slot engine (4 of its 18 running are Backfill's).
+    slot.pressure(Pressure(running=18, waiting=0))
+    assert slot.limit == 2
+    assert slot.wanted == 0
+    for _ in range(4):
+        slot.done()
+    assert slot.in_flight == 2
+    # Live traffic left: the limit is back at the maximum and the backlog starts at once.
+    wakes = recorder.wakes
+    slot.pressure(Pressure(running=2, waiting=0))
+    assert slot.limit == 8
+    assert slot.in_flight == 6 == len(recorder.started) - 4
+    assert recorder.wakes > wakes
+
+
+async def test_an_overloaded_shared_slot_pauses_until_retry_after() -> None:
+    engine = SwitchableEngine(max_concurrency=8)
+    recorder = Recorder()
+    slot = EngineSlot(engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED))
+    assert await slot.check()
+    slot.overloaded(0.05)
+    slot.offer(work("batch_a", 3))
+    assert slot.in_flight == 0
+    assert slot.wanted == 0
+    await asyncio.sleep(0.1)
+    assert slot.in_flight == 2  # half of the starting limit of four
+
+
+async def test_a_dedicated_slot_ignores_pressure_and_overload() -> None:
+    engine = SwitchableEngine(max_concurrency=4)
+    recorder = Recorder()
+    slot = EngineSlot(engine, recorder.start, recorder.wake)
+    assert await slot.check()
+    slot.pressure(Pressure(running=100, waiting=100))
+    slot.overloaded(60.0)
+    slot.offer(work("batch_a", 6))
+    assert slot.in_flight == 4
+    assert slot.limit == 4

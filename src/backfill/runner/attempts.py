@@ -16,6 +16,9 @@ from backfill.runner.engines import EngineSlot
 from backfill.runner.replies import Outcome, engine_error, failed, succeeded
 from backfill.runner.retry import backoff_s, is_transient
 
+# Answers that say the engine has no room now: a shared engine takes fewer (SPEC §9.5).
+_OVERLOADED = frozenset({429, 503})
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -56,14 +59,19 @@ class Attempts:
                     return None
                 final = failed(item.custom_id, "engine_unavailable")
             else:
-                self._metrics.latency.labels(engine.name).observe(time.monotonic() - started)
+                took = time.monotonic() - started
+                self._metrics.latency.labels(engine.name).observe(took)
                 reason = str(reply.status)
                 if reply.status == 200:
-                    return succeeded(item.custom_id, batch.model, reply.body)
+                    outcome = succeeded(item.custom_id, batch.model, reply.body)
+                    slot.succeeded(took, outcome.output_tokens)
+                    return outcome
                 final = engine_error(item.custom_id, reply.status, reply.body)
                 if not is_transient(reply.status):
                     return final
                 retry_after = reply.retry_after_s
+                if reply.status in _OVERLOADED:
+                    slot.overloaded(retry_after)
             delay = backoff_s(attempt, policy.base_s, policy.max_s, retry_after, self._rng)
             if attempt >= policy.max_attempts or self._clock.now() + delay >= batch.expires_at:
                 return final

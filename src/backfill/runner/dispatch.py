@@ -2,17 +2,20 @@
 
 The claim chooses what runs next (fair across orgs, earliest deadline first), so the worker
 never lists batches. Orgs whose GPU-time work waits for credit (SPEC §7.4) start nothing.
+Replicas (engines serving the same models) claim together, and each line goes to the replica
+its prompt prefix hashes to (``domain/locality.py``), lines of one prefix back to back.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from backfill.domain.catalog import Billing
+from backfill.domain.locality import assign, prefix_key
 from backfill.domain.records import WorkBatch
 from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
-from backfill.runner.engines import EnginePool, Queued
+from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
 from backfill.runner.leases import Leases
 
@@ -29,6 +32,7 @@ class Dispatcher:
         *,
         poll_interval_s: float,
         gather_s: float,
+        locality: bool = True,
     ) -> None:
         self._queue = queue
         self._ledger = ledger
@@ -39,6 +43,13 @@ class Dispatcher:
         self._poll_interval_s = poll_interval_s
         self._gather_s = gather_s
         self._paused: set[str] = set()
+        # Engines that serve the same models are replicas: they claim as one when locality
+        # is on, each on its own otherwise (round robin, in effect).
+        groups: dict[tuple[str, ...], list[EngineSlot]] = {}
+        for slot in pool.slots:
+            key = tuple(sorted(slot.engine.models)) if locality else (slot.engine.name,)
+            groups.setdefault(key, []).append(slot)
+        self._groups = list(groups.values())
 
     async def round(self) -> None:
         """Claim once; when nothing was claimed, wait for capacity or new work (or a poll)."""
@@ -61,23 +72,49 @@ class Dispatcher:
             balances = await self._ledger.balances(sorted(self._paused))
             self._paused = {org for org, balance in balances.items() if balance <= 0}
         claimed = 0
-        for slot in self._pool.slots:
-            if slot.wanted < slot.claim_threshold:
-                continue
-            now = self._clock.now()
-            claims = await self._queue.claim(
-                slot.engine.models, slot.wanted, self._leases.token, now + self._leases.lease_s, now
-            )
-            queued: list[Queued] = []
-            for claim in claims:
-                read = ClaimInput(self._blobs, claim)
-                queued += (Queued(claim.batch, item, read) for item in claim.items)
-                claimed += len(claim.items)
-            if self._paused:
-                self._leases.release_soon(q for q in queued if self._is_paused(q.batch))
-                queued = [q for q in queued if not self._is_paused(q.batch)]
-            slot.offer(queued)
+        for slots in self._groups:
+            if len(slots) == 1:
+                claimed += await self._claim_for(slots[0])
+            else:
+                claimed += await self._claim_for_replicas(slots)
         return claimed
+
+    async def _claim(self, models: Sequence[str], wanted: int) -> list[Queued]:
+        """Lease up to ``wanted`` lines of these models, less those of paused orgs."""
+        now = self._clock.now()
+        leases = self._leases
+        claims = await self._queue.claim(models, wanted, leases.token, now + leases.lease_s, now)
+        queued: list[Queued] = []
+        for claim in claims:
+            read = ClaimInput(self._blobs, claim)
+            queued += (Queued(claim.batch, item, read) for item in claim.items)
+        if self._paused:
+            leases.release_soon(q for q in queued if self._is_paused(q.batch))
+            queued = [q for q in queued if not self._is_paused(q.batch)]
+        return queued
+
+    async def _claim_for(self, slot: EngineSlot) -> int:
+        if slot.wanted < slot.claim_threshold:
+            return 0
+        queued = await self._claim(slot.engine.models, slot.wanted)
+        slot.offer(queued)
+        return len(queued)
+
+    async def _claim_for_replicas(self, slots: list[EngineSlot]) -> int:
+        """One claim for replicas of the same models, each line sent where its prefix goes."""
+        room = [slot.wanted for slot in slots]
+        if sum(room) < min(slot.claim_threshold for slot in slots):
+            return 0
+        queued = await self._claim(slots[0].engine.models, sum(room))
+        keys = await asyncio.gather(*(_key(q) for q in queued))
+        ordered = sorted(zip(keys, queued, strict=True), key=lambda pair: pair[0])
+        picks = assign([k for k, _ in ordered], [s.engine.name for s in slots], room)
+        shares: list[list[Queued]] = [[] for _ in slots]
+        for pick, (_, q) in zip(picks, ordered, strict=True):
+            shares[pick].append(q)
+        for slot, share in zip(slots, shares, strict=True):
+            slot.offer(share)
+        return len(queued)
 
     def pause(self, orgs: Iterable[str]) -> None:
         """Start no more GPU-time work of these orgs until a balance check finds credit."""
@@ -98,3 +135,13 @@ class Dispatcher:
         """Give back claimed, unstarted items of batches that must not start more work."""
         for slot in self._pool.slots:
             self._leases.release_soon(slot.drop(where))
+
+
+async def _key(queued: Queued) -> bytes:
+    """The line's prefix key; a line that cannot be read yet gets the empty prefix's (its
+    request meets the failure again and handles it like any other)."""
+    try:
+        line = await queued.input.line(queued.item)
+    except Exception:
+        line = b""
+    return prefix_key(line)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.domain.records import ClaimedItem, WorkBatch
-from backfill.ports import Engine
+from backfill.ports import Engine, PressureProbe
 from backfill.runner.inputs import ClaimInput
 
 log = logging.getLogger("backfill.runner")
@@ -29,6 +31,20 @@ class Queued:
 Start = Callable[["EngineSlot", Queued], None]
 """Runs a queued request on the slot that just counted it in flight; must not block."""
 
+# A shared engine whose metrics cannot be read is looked at again this much later.
+_PROBE_RETRY_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """How the engines are shared with interactive traffic, by engine name: each named one
+    has its own adaptive limit (and a metrics probe when it publishes its load); the others
+    are dedicated, filled up to their ``max_concurrency``."""
+
+    limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
+    probes: Mapping[str, PressureProbe] = field(default_factory=dict)
+    probe_interval_s: float = 0.25
+
 
 class EngineSlot:
     """One engine: its in-flight count, its claimed backlog and its last known health.
@@ -38,15 +54,35 @@ class EngineSlot:
     round trip, and ``wake`` tells the dispatcher to claim more.
     """
 
-    def __init__(self, engine: Engine, start: Start, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        start: Start,
+        wake: Callable[[], None],
+        limit: ConcurrencyLimit | None = None,
+    ) -> None:
         self.engine = engine
+        self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
         self._start = start
         self._wake = wake
         self._in_flight = 0
         self._healthy = False
         self._backlog: deque[Queued] = deque()
-        # Claimed items waiting for a free slot: a quarter of the slots' worth at most.
-        self.prefetch = max(1, engine.max_concurrency // 4)
+        self._resume: asyncio.TimerHandle | None = None
+
+    @property
+    def limit(self) -> int:
+        """Requests this engine may have in flight now (its governor decides)."""
+        governor = self.governor
+        if governor.paused_until and time.monotonic() < governor.paused_until:
+            return 0
+        return governor.limit
+
+    @property
+    def prefetch(self) -> int:
+        """Claimed items kept waiting for a free slot: a quarter of the limit's worth."""
+        limit = self.governor.limit
+        return max(1, limit // 4) if limit > 0 else 0
 
     @property
     def in_flight(self) -> int:
@@ -62,7 +98,7 @@ class EngineSlot:
 
     @property
     def free(self) -> int:
-        return max(0, self.engine.max_concurrency - self._in_flight) if self._healthy else 0
+        return max(0, self.limit - self._in_flight) if self._healthy else 0
 
     @property
     def claim_threshold(self) -> int:
@@ -72,11 +108,10 @@ class EngineSlot:
     @property
     def wanted(self) -> int:
         """How many more items to claim for this engine now."""
-        if not self._healthy:
+        limit = self.limit
+        if not self._healthy or limit <= 0:
             return 0
-        return max(
-            0, self.engine.max_concurrency + self.prefetch - self._in_flight - len(self._backlog)
-        )
+        return max(0, limit + self.prefetch - self._in_flight - len(self._backlog))
 
     def offer(self, queued: Iterable[Queued]) -> None:
         """Queue claimed requests; as many as there are free slots start now."""
@@ -88,6 +123,35 @@ class EngineSlot:
         if self._in_flight <= 0:
             raise RuntimeError(f"engine {self.engine.name}: a request ended that never started")
         self._in_flight -= 1
+        self._wake()
+        self._fill()
+
+    def succeeded(self, latency_s: float, output_tokens: int) -> None:
+        """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
+        if self.governor.on_latency(latency_s, output_tokens, time.monotonic()):
+            self._retune()
+
+    def overloaded(self, retry_after_s: float | None) -> None:
+        """The engine answered 429 or 503: a shared engine takes fewer, after a pause."""
+        governor = self.governor
+        governor.on_overload(retry_after_s, time.monotonic())
+        if governor.paused_until and self._resume is None:
+            delay = max(0.0, governor.paused_until - time.monotonic())
+            self._resume = asyncio.get_running_loop().call_later(delay, self._resumed)
+
+    def pressure(self, pressure: Pressure | None) -> None:
+        """The engine's metrics were read (None: they could not be)."""
+        if pressure is None:
+            self.governor.on_metrics_lost()
+        elif self.governor.on_pressure(pressure, self._in_flight):
+            self._retune()
+
+    def _resumed(self) -> None:
+        self._resume = None
+        self._retune()
+
+    def _retune(self) -> None:
+        """The limit moved: start what now fits, and claim more if it grew."""
         self._wake()
         self._fill()
 
@@ -123,10 +187,14 @@ class EnginePool:
     """Every engine's slot, their health watch, and the wake-up that tells the dispatcher
     capacity freed up (or work arrived)."""
 
-    def __init__(self, engines: Sequence[Engine], start: Start) -> None:
+    def __init__(
+        self, engines: Sequence[Engine], start: Start, sharing: Sharing | None = None
+    ) -> None:
         self._woken = asyncio.Event()
-        self.slots = [EngineSlot(e, start, self._woken.set) for e in engines]
-        self._task: asyncio.Task[None] | None = None
+        self._sharing = sharing or Sharing()
+        limits = self._sharing.limits
+        self.slots = [EngineSlot(e, start, self._woken.set, limits.get(e.name)) for e in engines]
+        self._tasks: list[asyncio.Task[None]] = []
 
     def wake(self) -> None:
         self._woken.set()
@@ -141,7 +209,12 @@ class EnginePool:
         return self._woken.is_set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="engine-health")
+        self._tasks.append(asyncio.create_task(self._watch(), name="engine-health"))
+        for slot in self.slots:
+            probe = self._sharing.probes.get(slot.engine.name)
+            if probe is not None:
+                name = f"engine-pressure-{slot.engine.name}"
+                self._tasks.append(asyncio.create_task(self._probe(slot, probe), name=name))
 
     async def _watch(self) -> None:
         while True:
@@ -150,10 +223,22 @@ class EnginePool:
             healthy = all(s.healthy for s in self.slots)
             await asyncio.sleep(5.0 if healthy else 0.5)
 
+    async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
+        """Follow a shared engine's load from its metrics, as often as the settings say
+        while they can be read, every few seconds while they cannot."""
+        while True:
+            pressure = await probe.read()
+            slot.pressure(pressure)
+            ok = pressure is not None
+            await asyncio.sleep(self._sharing.probe_interval_s if ok else _PROBE_RETRY_S)
+
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         for slot in self.slots:
             await slot.engine.close()
+        for probe in self._sharing.probes.values():
+            await probe.close()

@@ -27,7 +27,7 @@ from backfill.ports import (
 )
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool
+from backfill.runner.engines import EnginePool, Sharing
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
@@ -61,6 +61,8 @@ class WorkerConfig:
     # the process that created it met a fault and may be gone (or serve the API only).
     validating_grace_s: float
     validating_retry_max_s: float
+    # Replicas of a model claim together and send each prompt prefix to one of them.
+    prefix_locality: bool
 
     @classmethod
     def from_settings(cls, settings: Settings, *, sole_worker: bool) -> WorkerConfig:
@@ -79,6 +81,7 @@ class WorkerConfig:
             sole_worker=sole_worker,
             validating_grace_s=settings.validating_grace_s,
             validating_retry_max_s=settings.validating_retry_max_s,
+            prefix_locality=settings.prefix_locality,
         )
 
 
@@ -99,6 +102,7 @@ class Worker:
         starter: BatchStarter,
         janitor: Janitor,
         metrics: Metrics | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self._store = store
         self._config = config
@@ -127,7 +131,7 @@ class Worker:
             clock=clock,
             retry_max_s=config.retry_max_s,
         )
-        self._pool = EnginePool(engines, self._requests.start)
+        self._pool = EnginePool(engines, self._requests.start, sharing)
         self._dispatcher = Dispatcher(
             store,
             store,
@@ -137,6 +141,7 @@ class Worker:
             clock,
             poll_interval_s=config.poll_interval_s,
             gather_s=config.dispatch_gather_s,
+            locality=config.prefix_locality,
         )
         self._charger = GpuCharger(meter, store, self._dispatcher.pause)
         finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s)
@@ -187,8 +192,12 @@ class Worker:
 
     def observe(self) -> None:
         """Refresh the gauges the worker alone knows (scraped with /metrics)."""
+        metrics = self._metrics
         for slot in self._pool.slots:
-            self._metrics.in_flight.labels(slot.engine.name).set(slot.in_flight)
+            name = slot.engine.name
+            metrics.in_flight.labels(name).set(slot.in_flight)
+            metrics.concurrency_limit.labels(name).set(slot.limit)
+            metrics.engine_pressure.labels(name).set(slot.governor.pressure)
 
     def engine_status(self) -> list[dict[str, Any]]:
         return [
@@ -197,6 +206,10 @@ class Worker:
                 "healthy": slot.healthy,
                 "in_flight": slot.in_flight,
                 "max_concurrency": slot.engine.max_concurrency,
+                "mode": slot.governor.mode.value,
+                "concurrency_limit": slot.limit,
+                "signal": slot.governor.signal.value,
+                "pressure": round(slot.governor.pressure, 3),
             }
             for slot in self._pool.slots
         ]

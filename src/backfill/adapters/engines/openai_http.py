@@ -56,6 +56,11 @@ class OpenAIHttpEngine:
         self._session: aiohttp.ClientSession | None = None
 
     @property
+    def metrics_url(self) -> str:
+        """Where vLLM and SGLang publish their Prometheus metrics."""
+        return self._root + "/metrics"
+
+    @property
     def models(self) -> tuple[str, ...]:
         return tuple(self._models)
 

@@ -1,0 +1,114 @@
+"""Reading an engine's load from its Prometheus ``/metrics`` (vLLM and SGLang names).
+
+Only the few lines Backfill needs are parsed, by prefix, so a scrape of a large page (vLLM
+publishes histograms for everything) costs little CPU at several looks a second. Values of
+one name are summed over its label sets (one per served model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import aiohttp
+
+from backfill.domain.concurrency import Pressure
+
+
+class Flavor(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    running: bytes
+    waiting: bytes
+    kv_usage: tuple[bytes, ...]
+    slots: bytes | None
+
+
+# vLLM: vllm/v1/metrics/loggers.py (V1; ``gpu_cache_usage_perc`` is the V0 name of the KV
+# use). SGLang: python/sglang/srt/metrics/collector.py.
+_NAMES = {
+    Flavor.VLLM: _Names(
+        b"vllm:num_requests_running",
+        b"vllm:num_requests_waiting",
+        (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
+        None,
+    ),
+    Flavor.SGLANG: _Names(
+        b"sglang:num_running_reqs",
+        b"sglang:num_queue_reqs",
+        (b"sglang:token_usage",),
+        b"sglang:max_running_requests",
+    ),
+}
+
+
+def _value(rest: bytes) -> float | None:
+    """The value of a sample line after its name: ``{labels} value [timestamp]``."""
+    if rest.startswith(b"{"):
+        rest = rest[rest.rindex(b"}") + 1 :]
+    try:
+        return float(rest.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _sum(page: list[bytes], name: bytes) -> float | None:
+    """The sum of ``name``'s samples (any labels); None when the page has none."""
+    total: float | None = None
+    for line in page:
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (b"{", b" "):
+            value = _value(line[len(name) :])
+            if value is not None:
+                total = (total or 0.0) + value
+    return total
+
+
+def parse(text: bytes, flavor: Flavor | None = None) -> tuple[Flavor, Pressure] | None:
+    """The load a metrics page reports, and whose names it uses; None when it has neither
+    vLLM's nor SGLang's running and waiting gauges."""
+    page = [line for line in text.splitlines() if line and not line.startswith(b"#")]
+    for candidate in (flavor,) if flavor else tuple(Flavor):
+        names = _NAMES[candidate]
+        running, waiting = _sum(page, names.running), _sum(page, names.waiting)
+        if running is None or waiting is None:
+            continue
+        kv = next((v for n in names.kv_usage if (v := _sum(page, n)) is not None), None)
+        slots = _sum(page, names.slots) if names.slots else None
+        return candidate, Pressure(running, waiting, kv, slots or None)
+    return None
+
+
+class MetricsProbe:
+    """Reads one engine's ``/metrics``; which names it uses is learnt from the first page
+    unless the settings say."""
+
+    def __init__(self, url: str, flavor: Flavor | None = None, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.flavor = flavor
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def read(self) -> Pressure | None:
+        """The engine's load now; None when the page cannot be read or has no known names."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            async with self._session.get(self.url) as response:
+                if response.status != 200:
+                    return None
+                text = await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+        found = parse(text, self.flavor)
+        if found is None:
+            return None
+        self.flavor = found[0]
+        return found[1]
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

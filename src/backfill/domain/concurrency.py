@@ -1,0 +1,178 @@
+"""How many batch requests Backfill may have in flight on one engine now (SPEC §9.5).
+
+A ``dedicated`` engine is Backfill's alone: it is filled up to ``max_concurrency``. A ``shared``
+engine also serves interactive traffic, and batch work takes only what that traffic leaves:
+
+- from the engine's own load (vLLM or SGLang metrics) when it publishes it: the engine's
+  sequence slots minus the interactive requests running or waiting there minus a headroom
+  kept free for their next arrivals; without a known slot count, AIMD on its queue;
+- otherwise from Backfill's own latency: AIMD on how far it rises over its recent floor;
+- always: less on 429/503, nothing new until ``Retry-After`` has passed.
+
+Pure state machines, driven by the runner: no clock of their own, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    DEDICATED = "dedicated"
+    SHARED = "shared"
+
+
+class Signal(StrEnum):
+    """What a shared engine's limit follows now."""
+
+    FIXED = "fixed"
+    METRICS = "metrics"
+    LATENCY = "latency"
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """An engine's load as its metrics report it, all requests counted (Backfill's too)."""
+
+    running: float
+    waiting: float
+    kv_usage: float | None = None
+    """Fraction of the KV cache in use, 0..1, when reported."""
+    slots: float | None = None
+    """Sequence slots the engine reports (SGLang's max running requests), when it does."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTargets:
+    """What a shared engine keeps for interactive traffic (settings; docs/scheduling.md)."""
+
+    slots: int | None = None
+    """The engine's sequence slots (vLLM ``--max-num-seqs``); unknown: AIMD on its queue."""
+    headroom: float = 2.0
+    """Slots always kept free for interactive arrivals, on top of ``headroom_sigmas``."""
+    headroom_sigmas: float = 1.0
+    """More free slots, in standard deviations of the interactive count (its square root,
+    as for Poisson arrivals): busier engines swing more between two looks."""
+    kv_target: float = 0.9
+    """Above this KV-cache use Backfill starts nothing new."""
+    latency_tolerance: float = 1.5
+    """Latency over its floor (per output token) above which the latency signal backs off."""
+
+
+# The latency signal: samples per round at least, and the floor's memory.
+_ROUND_MIN_SAMPLES = 4
+_FLOOR_BUCKET_S = 10.0
+_FLOOR_BUCKETS = 6
+# Under this inflation the engine is clearly idle for Backfill: grow fast to recover.
+_CLEAR = 1.2
+_DECREASE = 0.75
+_OVERLOAD_DECREASE = 0.5
+
+
+class ConcurrencyLimit:
+    """One engine's limit on Backfill's requests in flight, never above ``maximum``."""
+
+    def __init__(self, maximum: int, mode: Mode, targets: SharedTargets | None = None) -> None:
+        self.maximum = maximum
+        self.mode = mode
+        self.targets = targets or SharedTargets()
+        self.signal = Signal.FIXED if mode == Mode.DEDICATED else Signal.LATENCY
+        # Shared engines start low and grow: a batch arriving on a busy engine must not
+        # land its whole maximum at once before the first look at the engine's load.
+        self.limit = maximum if mode == Mode.DEDICATED else max(1, min(maximum, 4))
+        self.pressure = 0.0
+        """What the limit follows, for operators: interactive requests seen on the engine
+        (metrics), or the latency inflation over its floor (latency)."""
+        self.paused_until = 0.0
+        self._samples: list[float] = []
+        self._floors: deque[tuple[float, float]] = deque()
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == Mode.SHARED
+
+    def allowed(self, now: float) -> int:
+        """Requests that may be in flight now."""
+        return 0 if now < self.paused_until else self.limit
+
+    def on_pressure(self, pressure: Pressure, own: int) -> bool:
+        """The engine's metrics were read while ``own`` of Backfill's requests were in
+        flight on it; True when the limit changed."""
+        if not self.shared:
+            return False
+        self.signal = Signal.METRICS
+        before = self.limit
+        interactive = max(0.0, pressure.running + pressure.waiting - own)
+        self.pressure = interactive
+        slots = self.targets.slots or pressure.slots
+        if slots:
+            spare = slots - interactive - self._headroom(interactive)
+            limit = math.floor(spare)
+        elif pressure.waiting > 0:
+            limit = math.floor(self.limit * _DECREASE)
+        else:
+            limit = self.limit + max(1, self.limit // 8)
+        if pressure.kv_usage is not None and pressure.kv_usage > self.targets.kv_target:
+            limit = min(limit, own)
+        self.limit = max(0, min(self.maximum, limit))
+        return self.limit != before
+
+    def on_metrics_lost(self) -> None:
+        """The engine's metrics could not be read: follow latency until they come back."""
+        if self.shared and self.signal == Signal.METRICS:
+            self.signal = Signal.LATENCY
+            self.limit = max(1, self.limit)
+
+    def on_latency(self, latency_s: float, output_tokens: int, now: float) -> bool:
+        """One of Backfill's requests succeeded in ``latency_s``; True when the limit changed.
+
+        Latency is compared per output token (plus one, for the prompt), so long and short
+        answers measure the same engine speed; the floor is the least seen in the last
+        minute, so an engine that became slower for good is not punished for ever.
+        """
+        if self.signal != Signal.LATENCY:
+            return False
+        sample = latency_s / (output_tokens + 1)
+        self._remember_floor(sample, now)
+        self._samples.append(sample)
+        if len(self._samples) < max(_ROUND_MIN_SAMPLES, self.limit):
+            return False
+        self._samples.sort()
+        median = self._samples[len(self._samples) // 2]
+        self._samples.clear()
+        floor = min(f for _, f in self._floors)
+        inflation = median / floor if floor > 0 else 1.0
+        self.pressure = inflation
+        before = self.limit
+        if inflation > self.targets.latency_tolerance:
+            self.limit = max(1, math.floor(self.limit * _DECREASE))
+        elif inflation < _CLEAR:
+            self.limit = min(self.maximum, self.limit + max(1, self.limit // 4))
+        else:
+            self.limit = min(self.maximum, self.limit + 1)
+        return self.limit != before
+
+    def on_overload(self, retry_after_s: float | None, now: float) -> None:
+        """The engine answered 429 or 503: fewer requests, none new before ``Retry-After``."""
+        if not self.shared:
+            return
+        self.limit = max(1, math.floor(self.limit * _OVERLOAD_DECREASE))
+        self._samples.clear()
+        if retry_after_s:
+            self.paused_until = max(self.paused_until, now + retry_after_s)
+
+    def _headroom(self, interactive: float) -> float:
+        return self.targets.headroom + self.targets.headroom_sigmas * math.sqrt(interactive)
+
+    def _remember_floor(self, sample: float, now: float) -> None:
+        bucket = now // _FLOOR_BUCKET_S
+        floors = self._floors
+        if floors and floors[-1][0] == bucket:
+            floors[-1] = (bucket, min(floors[-1][1], sample))
+        else:
+            floors.append((bucket, sample))
+            while len(floors) > _FLOOR_BUCKETS:
+                floors.popleft()

@@ -1,0 +1,145 @@
+"""The adaptive concurrency limit of shared engines (SPEC §9.5), as a pure state machine."""
+
+from __future__ import annotations
+
+import math
+
+from backfill.adapters.engines.pressure import Flavor, parse
+from backfill.domain.concurrency import (
+    ConcurrencyLimit,
+    Mode,
+    Pressure,
+    SharedTargets,
+    Signal,
+)
+
+
+def shared(maximum: int = 64, **targets: float) -> ConcurrencyLimit:
+    return ConcurrencyLimit(maximum, Mode.SHARED, SharedTargets(**targets))  # type: ignore[arg-type]
+
+
+def test_dedicated_is_fixed_at_its_maximum_whatever_it_sees() -> None:
+    limit = ConcurrencyLimit(16, Mode.DEDICATED)
+    assert limit.limit == 16
+    assert limit.signal == Signal.FIXED
+    assert not limit.on_pressure(Pressure(running=64, waiting=100), own=0)
+    for _ in range(100):
+        limit.on_latency(10.0, 0, now=1.0)
+    limit.on_overload(30.0, now=1.0)
+    assert limit.allowed(now=2.0) == 16
+
+
+def test_known_slots_leave_interactive_requests_and_headroom_free() -> None:
+    limit = shared(64, slots=64, headroom=2, headroom_sigmas=1)
+    # 16 of the 36 running are Backfill's own: 20 interactive, headroom 2 + sqrt(20).
+    limit.on_pressure(Pressure(running=36, waiting=0), own=16)
+    assert limit.signal == Signal.METRICS
+    assert limit.pressure == 20
+    assert limit.limit == math.floor(64 - 20 - 2 - math.sqrt(20))
+
+
+def test_waiting_interactive_requests_count_and_a_full_engine_gives_nothing() -> None:
+    limit = shared(64, slots=64)
+    limit.on_pressure(Pressure(running=64, waiting=10), own=0)
+    assert limit.limit == 0
+    assert limit.allowed(now=0.0) == 0
+
+
+def test_recovers_at_once_when_live_traffic_leaves_and_never_passes_its_maximum() -> None:
+    limit = shared(32, slots=64, headroom=2)
+    limit.on_pressure(Pressure(running=60, waiting=0), own=0)
+    assert limit.limit == 0
+    limit.on_pressure(Pressure(running=0, waiting=0), own=0)
+    assert limit.limit == 32
+
+
+def test_engine_slots_reported_by_the_engine_are_used_when_settings_do_not_say() -> None:
+    limit = shared(64, headroom=0, headroom_sigmas=0)
+    limit.on_pressure(Pressure(running=10, waiting=0, slots=48), own=0)
+    assert limit.limit == 38
+
+
+def test_unknown_slots_follow_the_engines_queue_by_aimd() -> None:
+    limit = shared(64)
+    start = limit.limit
+    for _ in range(30):
+        limit.on_pressure(Pressure(running=8, waiting=0), own=limit.limit)
+    grown = limit.limit
+    assert start < grown <= 64
+    limit.on_pressure(Pressure(running=64, waiting=3), own=grown)
+    assert limit.limit == math.floor(grown * 0.75)
+
+
+def test_a_full_kv_cache_starts_nothing_new() -> None:
+    limit = shared(64, slots=64, kv_target=0.9)
+    limit.on_pressure(Pressure(running=12, waiting=0, kv_usage=0.95), own=12)
+    assert limit.limit == 12
+
+
+def test_latency_aimd_backs_off_on_inflation_and_grows_back_when_it_clears() -> None:
+    limit = shared(64, latency_tolerance=1.5)
+    now = 0.0
+    # At the floor: the limit grows.
+    for _ in range(40):
+        now += 0.1
+        limit.on_latency(0.1, output_tokens=9, now=now)
+    grown = limit.limit
+    assert grown > 4
+    # Twice as slow per token: it shrinks, round after round, but never below one.
+    for _ in range(400):
+        now += 0.1
+        limit.on_latency(0.4, output_tokens=19, now=now)
+    assert limit.limit < grown
+    assert limit.pressure > 1.5
+    for _ in range(2000):
+        now += 0.1
+        limit.on_latency(0.8, output_tokens=19, now=now)
+    assert limit.limit >= 1
+    # Its floor is the last minute's: an engine slower for good is the new normal.
+    assert limit.pressure < 1.5
+
+
+def test_overload_halves_and_pauses_until_retry_after() -> None:
+    limit = shared(64, slots=64, headroom=0, headroom_sigmas=0)
+    limit.on_pressure(Pressure(running=0, waiting=0), own=0)
+    assert limit.limit == 64
+    limit.on_overload(2.0, now=10.0)
+    assert limit.limit == 32
+    assert limit.allowed(now=11.0) == 0
+    assert limit.allowed(now=12.5) == 32
+
+
+def test_lost_metrics_fall_back_to_latency() -> None:
+    limit = shared(64, slots=64)
+    limit.on_pressure(Pressure(running=64, waiting=0), own=0)
+    assert limit.limit == 0
+    limit.on_metrics_lost()
+    assert limit.signal == Signal.LATENCY
+    assert limit.limit == 1
+
+
+VLLM_PAGE = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a"} 12.0
+vllm:num_requests_running{engine="0",model_name="b"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="a"} 2.0
+vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0
+vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="a"} 1000.0
+"""
+
+SGLANG_PAGE = b"""sglang:num_running_reqs{model_name="m"} 40.0
+sglang:num_queue_reqs{model_name="m"} 0.0 1712345678
+sglang:token_usage{model_name="m"} 0.5
+sglang:max_running_requests{model_name="m"} 128
+"""
+
+
+def test_metrics_pages_of_vllm_and_sglang_are_read_and_summed_over_models() -> None:
+    found = parse(VLLM_PAGE)
+    assert found == (Flavor.VLLM, Pressure(running=15.0, waiting=2.0, kv_usage=0.25))
+    found = parse(SGLANG_PAGE)
+    assert found == (Flavor.SGLANG, Pressure(40.0, 0.0, kv_usage=0.5, slots=128.0))
+    assert parse(b"# nothing here\nllamacpp:requests_processing 1\n") is None
+    assert parse(VLLM_PAGE, Flavor.SGLANG) is None
