@@ -56,7 +56,11 @@ def write_input(path: Path, lines: int, max_tokens: int = 64) -> int:
     return path.stat().st_size
 
 
-def sim_config(path: Path, sim_url: str, concurrency: int, extra: str = "") -> Path:
+def sim_config(
+    path: Path, sim_url: str, concurrency: int, extra: str = "", engine: str = ""
+) -> Path:
+    """Settings for one simulated engine; ``extra`` top-level lines, ``engine`` more lines of
+    the engine's table."""
     path.write_text(
         f"""
 local_engine = false
@@ -76,6 +80,7 @@ base_url = "{sim_url}"
 models = ["{MODEL}"]
 max_concurrency = {concurrency}
 request_timeout_s = 60
+{engine}
 """
     )
     return path

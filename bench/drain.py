@@ -2,11 +2,15 @@
 
     PYTHONPATH=. python -m bench.drain        # simulator: 20,000 requests, concurrency 128
     PYTHONPATH=. python -m bench.drain --engine llama --requests 64 --concurrency 2 --max-tokens 32
+    PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 \
+        --max-tokens 32 --mode both     # the engine dedicated, then shared (no live traffic)
 
 The baseline sends every request straight to the engine with an aiohttp client holding
 ``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
 the same ``max_concurrency``; its time runs from batch creation (file already uploaded) to
 ``completed``. CPU seconds of the Backfill process are read from /proc over the same span.
+With ``--mode shared`` the engine is configured ``shared`` (docs/scheduling.md): with no live
+traffic on it, it should drain as fast as a dedicated one; ``--mode both`` runs the two.
 """
 
 from __future__ import annotations
@@ -142,7 +146,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--mode", choices=["dedicated", "shared", "both"], default="dedicated")
     args = parser.parse_args()
+    modes = ["dedicated", "shared"] if args.mode == "both" else [args.mode]
     if args.engine == "sim":
         engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
         model = MODEL
@@ -158,19 +164,23 @@ def main() -> None:
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
             base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
-            config = sim_config(work / "bench.toml", url, args.concurrency)
-            if model != MODEL:
-                text = config.read_text().replace(f'"{MODEL}"', f'"{model}"')
-                config.write_text(text)
-            backfill_s, cpu = run_backfill(
-                config,
-                work / "data",
-                work / "server.log",
-                source,
-                args.requests,
-                # Polling costs the server CPU that a CPU-bound local engine would miss.
-                poll_s=0.05 if args.engine == "sim" else 0.25,
-            )
+            runs: dict[str, tuple[float, float]] = {}
+            for mode in modes:
+                config = sim_config(
+                    work / f"{mode}.toml", url, args.concurrency, engine=f'mode = "{mode}"'
+                )
+                if model != MODEL:
+                    text = config.read_text().replace(f'"{MODEL}"', f'"{model}"')
+                    config.write_text(text)
+                runs[mode] = run_backfill(
+                    config,
+                    work / f"data-{mode}",
+                    work / f"server-{mode}.log",
+                    source,
+                    args.requests,
+                    # Polling costs the server CPU that a CPU-bound local engine would miss.
+                    poll_s=0.05 if args.engine == "sim" else 0.25,
+                )
     finally:
         stop(engine)
     n = args.requests
@@ -180,13 +190,18 @@ def main() -> None:
     )
     print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
     print(
-        f"backfill up         : {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
-        f"{base_s / backfill_s:.2f}x"
-    )
-    print(
         f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests"
     )
-    print(f"backfill CPU        : {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
+    for mode, (backfill_s, cpu) in runs.items():
+        label = "backfill up" if mode == "dedicated" else f"backfill up ({mode})"
+        print(
+            f"{label:<20}: {backfill_s:7.2f} s  {n / backfill_s:8.1f} req/s  "
+            f"{base_s / backfill_s:.2f}x"
+        )
+        print(f"{'  its CPU':<20}: {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
+    if len(runs) == 2:
+        ratio = runs["dedicated"][0] / runs["shared"][0]
+        print(f"shared / dedicated  : {ratio:.2f}x the drain rate (target >= 0.95x)")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,9 @@ class Engine(Protocol):
 class PressureProbe(Protocol):
     """Reads a shared engine's own load (its metrics)."""
 
+    absent: bool
+    """True once the engine answered that it has no metrics Backfill can read."""
+
     async def read(self) -> Pressure | None:
         """The engine's load now; None when it cannot be read."""
         ...

@@ -225,10 +225,16 @@ class EnginePool:
 
     async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
         """Follow a shared engine's load from its metrics, as often as the settings say
-        while they can be read, every few seconds while they cannot."""
+        while they can be read, every few seconds while they cannot; not at all once the
+        engine says it has none."""
         while True:
             pressure = await probe.read()
             slot.pressure(pressure)
+            if probe.absent:
+                log.info(
+                    "engine %s publishes no load metrics: its latency is followed", slot.engine.name
+                )
+                return
             ok = pressure is not None
             await asyncio.sleep(self._sharing.probe_interval_s if ok else _PROBE_RETRY_S)
 

@@ -84,13 +84,15 @@ def parse(text: bytes, flavor: Flavor | None = None) -> tuple[Flavor, Pressure] 
 
 class MetricsProbe:
     """Reads one engine's ``/metrics``; which names it uses is learnt from the first page
-    unless the settings say."""
+    unless the settings say. An engine that answers without them (llama.cpp, most other
+    servers) has none: ``absent`` turns true and the caller stops asking."""
 
     def __init__(self, url: str, flavor: Flavor | None = None, timeout_s: float = 2.0) -> None:
         self.url = url
         self.flavor = flavor
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.absent = False
 
     async def read(self) -> Pressure | None:
         """The engine's load now; None when the page cannot be read or has no known names."""
@@ -98,13 +100,15 @@ class MetricsProbe:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
             async with self._session.get(self.url) as response:
-                if response.status != 200:
-                    return None
-                text = await response.read()
+                status = response.status
+                text = await response.read() if status == 200 else b""
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
         found = parse(text, self.flavor)
         if found is None:
+            # A page without the names, or none at all, is an answer: unless the settings
+            # named the engine's kind, it has no metrics to follow.
+            self.absent = self.flavor is None and (status == 200 or 400 <= status < 500)
             return None
         self.flavor = found[0]
         return found[1]
