@@ -2,10 +2,10 @@
 
 Every output token is the word ``tok``; the text of ``n`` tokens is ``n`` words joined by
 spaces, whether it comes whole or streamed (the first chunk ``tok``, the others `` tok``).
-Chunks follow OpenAI's ``chat.completion.chunk`` and streamed ``text_completion`` shapes as
-vLLM sends them: the first chat delta carries the role, the last token's chunk carries the
-finish reason, ``stream_options.include_usage`` adds ``"usage": null`` to every chunk and one
-last chunk with no choices and the usage, and ``data: [DONE]`` ends the stream.
+Chunks follow OpenAI's ``chat.completion.chunk`` and streamed ``text_completion`` shapes: the
+first chat delta carries the role with the first token, the last token's chunk carries the
+finish reason (as vLLM sends it), ``stream_options.include_usage`` adds ``"usage": null`` to
+every chunk and one last chunk with no choices and the usage, and ``data: [DONE]`` ends it.
 """
 
 from __future__ import annotations
