@@ -195,7 +195,7 @@ async def test_directives_still_work_with_slots() -> None:
         assert few["choices"][0]["message"]["content"] == "tok tok tok"
         plain_s, _ = await client.timed(chat("plain"))
         delayed_s, _ = await client.timed(chat("slow [[sim:delay_ms=300]]"))
-        assert delayed_s > plain_s + 0.15
+        assert delayed_s > 3 * plain_s  # 300 ms of delay against about ten of work
         with pytest.raises(httpx.TransportError):
             await client.post(chat("[[sim:drop]]"))
         assert simulator.stats.by_status[0] == 1
