@@ -171,21 +171,68 @@ def serve(
 def simulate(
     port: Annotated[int, typer.Option()] = 9000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
-    ttft_ms: Annotated[float, typer.Option(help="Time to first token.")] = 50.0,
-    itl_ms: Annotated[float, typer.Option(help="Time per output token.")] = 1.0,
-    output_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 64,
-    max_concurrency: Annotated[int, typer.Option(help="0 = unlimited.")] = 0,
+    ttft_ms: Annotated[
+        float,
+        typer.Option(min=0, help="Time to first token; with --slots, the fixed part of prefill."),
+    ] = 50.0,
+    itl_ms: Annotated[
+        float,
+        typer.Option(min=0, help="Time per output token; with --slots, a decode step alone."),
+    ] = 1.0,
+    output_tokens: Annotated[int, typer.Option(min=0, help="Tokens per answer.")] = 64,
+    max_concurrency: Annotated[
+        int, typer.Option(min=0, help="0 = unlimited. Without --slots only.")
+    ] = 0,
     error_rate: Annotated[float, typer.Option(help="Share of 500 answers.")] = 0.0,
     rate_limit_rate: Annotated[float, typer.Option(help="Share of 429 answers.")] = 0.0,
     drop_rate: Annotated[float, typer.Option(help="Share of dropped connections.")] = 0.0,
     seed: Annotated[int | None, typer.Option()] = None,
+    slots: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Continuous batching with this many sequence slots (vLLM's max_num_seqs); "
+            "requests beyond them wait in a FIFO queue. 0 = each request timed alone.",
+        ),
+    ] = 0,
+    prefill_ms_per_token: Annotated[
+        float,
+        typer.Option(min=0, help="Prefill time per uncached prompt token (prompt words)."),
+    ] = 0.0,
+    itl_growth: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Decode slow-down with load: a step lasts "
+            "itl_ms * (1 + itl_growth * running / slots).",
+        ),
+    ] = 0.0,
+    kv_capacity_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="KV cache size in tokens: the denominator of vllm:kv_cache_usage_perc; a "
+            "prompt waits until it fits next to the running sequences.",
+        ),
+    ] = 262_144,
+    block_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens per prefix-cache block (vLLM: 16).")
+    ] = 16,
+    prefix_cache_blocks: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Prefix cache size in blocks, LRU; 0 = no prefix cache. Needs --slots."
+        ),
+    ] = 0,
+    model_name: Annotated[
+        str, typer.Option(help="Served model name: /v1/models and the metrics' model_name.")
+    ] = "simulated",
 ) -> None:
     """A simulated OpenAI-compatible engine (no model) for load and fault tests."""
     from backfill.adapters.engines.simulator import SimulatorConfig, run_simulator
 
-    typer.echo(f"Simulated engine (no model) on http://{host}:{port}/v1")
-    run_simulator(
-        SimulatorConfig(
+    try:
+        config = SimulatorConfig(
             ttft_ms=ttft_ms,
             itl_ms=itl_ms,
             output_tokens=output_tokens,
@@ -194,10 +241,18 @@ def simulate(
             rate_limit_rate=rate_limit_rate,
             drop_rate=drop_rate,
             seed=seed,
-        ),
-        host,
-        port,
-    )
+            slots=slots,
+            prefill_ms_per_token=prefill_ms_per_token,
+            itl_growth=itl_growth,
+            kv_capacity_tokens=kv_capacity_tokens,
+            block_tokens=block_tokens,
+            prefix_cache_blocks=prefix_cache_blocks,
+            model_name=model_name,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(f"Simulated engine (no model) on http://{host}:{port}/v1")
+    run_simulator(config, host, port)
 
 
 @db_app.command("upgrade")

@@ -1,0 +1,299 @@
+"""The simulated engine's continuous batching as a client sees it over HTTP.
+
+Timing assertions compare two measurements from the same run (a ratio or an order), never a
+duration against a constant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
+from tests.support import running_simulator
+
+LONG_PREFIX = " ".join(f"shared{i}" for i in range(200))
+
+
+def chat(content: str, max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+class Client:
+    def __init__(self, url: str, http: httpx.AsyncClient) -> None:
+        self.url = url
+        self.root = url.removesuffix("/v1")
+        self.http = http
+
+    async def post(self, body: dict[str, Any], path: str = "/chat/completions") -> httpx.Response:
+        return await self.http.post(self.url + path, json=body)
+
+    async def timed(self, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        start = time.perf_counter()
+        response = await self.post(body)
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()
+        return time.perf_counter() - start, data
+
+    async def metrics(self) -> dict[str, float]:
+        """Sample name (with any label other than model_name and engine) -> value."""
+        text = (await self.http.get(self.root + "/metrics")).text
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                extra = {
+                    k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")
+                }
+                key = sample.name + "".join(f"[{k}={v}]" for k, v in sorted(extra.items()))
+                out[key] = sample.value
+        return out
+
+    async def stats(self) -> dict[str, Any]:
+        data: dict[str, Any] = (await self.http.get(self.root + "/stats")).json()
+        return data
+
+
+@asynccontextmanager
+async def client_for(config: SimulatorConfig) -> AsyncIterator[tuple[Client, Simulator]]:
+    async with (
+        running_simulator(config) as (url, simulator),
+        httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as http,
+    ):
+        yield Client(url, http), simulator
+
+
+async def wait_for(predicate: Any, deadline_s: float = 10.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not await predicate():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_running_never_exceeds_slots_and_the_rest_wait() -> None:
+    config = SimulatorConfig(ttft_ms=5, itl_ms=5, output_tokens=20, slots=4)
+    async with client_for(config) as (client, simulator):
+        requests = [asyncio.create_task(client.timed(chat(f"q{i}", 100))) for i in range(16)]
+        seen: list[dict[str, float]] = []
+        while not all(r.done() for r in requests):
+            seen.append(await client.metrics())
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*requests)
+        assert max(m["vllm:num_requests_running"] for m in seen) <= 4
+        assert max(m["vllm:num_requests_waiting"] for m in seen) >= 1
+        stats = await client.stats()
+        assert stats["peak_running"] == 4
+        assert stats["peak_in_flight"] > 4  # the others were queued inside the engine
+        after = await client.metrics()
+        assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+        assert after["vllm:request_success_total[finished_reason=stop]"] == 16
+        assert after["vllm:generation_tokens_total"] == 16 * 20
+        assert after["vllm:time_to_first_token_seconds_count"] == 16
+        assert simulator.model is not None
+        assert simulator.model.peak_running == 4
+
+
+async def test_time_to_first_token_grows_while_the_slots_are_full() -> None:
+    config = SimulatorConfig(ttft_ms=10, itl_ms=10, output_tokens=40, slots=2)
+    async with client_for(config) as (client, _):
+        alone = await first_token_s(client, "probe alone")
+        fillers = [asyncio.create_task(client.timed(chat(f"filler {i}", 100))) for i in range(2)]
+
+        async def full() -> bool:
+            return (await client.metrics())["vllm:num_requests_running"] == 2
+
+        await wait_for(full)
+        queued = await first_token_s(client, "probe behind the fillers")
+        await asyncio.gather(*fillers)
+        assert queued > 3 * alone
+
+
+async def first_token_s(client: Client, content: str) -> float:
+    start = time.perf_counter()
+    body = chat(content, 4, stream=True)
+    async with client.http.stream("POST", client.url + "/chat/completions", json=body) as reply:
+        async for line in reply.aiter_lines():
+            if '"content":"tok"' in line:
+                return time.perf_counter() - start
+    raise AssertionError("no token came")
+
+
+async def test_decode_slows_down_with_more_running_sequences() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=4, output_tokens=50, slots=32, itl_growth=3.0)
+    async with client_for(config) as (client, _):
+        alone, _ = await client.timed(chat("alone", 100))
+        crowd = await asyncio.gather(*(client.timed(chat(f"crowd {i}", 100)) for i in range(32)))
+        times = sorted(t for t, _ in crowd)
+        # A step alone: 4 * (1 + 3/32) ms; with 32 running: 4 * (1 + 3) ms, 3.7 times longer.
+        assert times[len(times) // 2] > 2 * alone
+
+
+async def test_a_shared_prefix_is_served_from_the_cache() -> None:
+    config = SimulatorConfig(
+        ttft_ms=1, itl_ms=0, slots=4, prefill_ms_per_token=1, prefix_cache_blocks=1000
+    )
+    async with client_for(config) as (client, _):
+        first_s, first = await client.timed(chat(LONG_PREFIX + " first question"))
+        before = await client.metrics()
+        second_s, second = await client.timed(chat(LONG_PREFIX + " second question"))
+        after = await client.metrics()
+    assert first["usage"]["prompt_tokens"] == second["usage"]["prompt_tokens"] == 202
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # 200 shared words = 12 full blocks of 16 tokens.
+    assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 192}
+    assert (
+        after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"] == 202
+    )
+    assert after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] == 192
+    assert after["vllm:prefix_cache_hits_total"] == 192
+    # 202 tokens to prefill against 10.
+    assert second_s < first_s / 2
+
+
+async def test_the_least_recently_used_prefix_is_evicted() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=0, slots=4, prefix_cache_blocks=12)
+    a = " ".join(f"a{i}" for i in range(192))
+    b = " ".join(f"b{i}" for i in range(192))
+    async with client_for(config) as (client, _):
+        cached = []
+        for prefix in (a, a, b, a):
+            _, data = await client.timed(chat(prefix + " tail"))
+            cached.append(data["usage"]["prompt_tokens_details"]["cached_tokens"])
+    # b's twelve blocks push all of a's out of a twelve-block cache.
+    assert cached == [0, 192, 0, 0]
+
+
+async def test_without_a_prefix_cache_usage_has_no_details() -> None:
+    async with client_for(SimulatorConfig(ttft_ms=1, itl_ms=0, slots=4)) as (client, _):
+        _, data = await client.timed(chat(LONG_PREFIX))
+        _, again = await client.timed(chat(LONG_PREFIX))
+        metrics = await client.metrics()
+    assert "prompt_tokens_details" not in again["usage"]
+    assert data["usage"]["prompt_tokens"] == 200
+    assert metrics["vllm:prefix_cache_queries_total"] == 0
+
+
+async def test_directives_still_work_with_slots() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=1, output_tokens=8, slots=2)
+    async with client_for(config) as (client, simulator):
+        assert (await client.post(chat("[[sim:status=400]]"))).status_code == 400
+        assert (await client.post(chat("flaky [[sim:fail_first=1]]"))).status_code == 503
+        assert (await client.post(chat("flaky [[sim:fail_first=1]]"))).status_code == 200
+        _, few = await client.timed(chat("[[sim:tokens=3]]"))
+        assert few["usage"]["completion_tokens"] == 3
+        assert few["choices"][0]["message"]["content"] == "tok tok tok"
+        plain_s, _ = await client.timed(chat("plain"))
+        delayed_s, _ = await client.timed(chat("slow [[sim:delay_ms=300]]"))
+        assert delayed_s > 3 * plain_s  # 300 ms of delay against about ten of work
+        with pytest.raises(httpx.TransportError):
+            await client.post(chat("[[sim:drop]]"))
+        assert simulator.stats.by_status[0] == 1
+        assert (await client.post(chat("after the drop"))).status_code == 200
+
+
+async def test_a_delay_directive_holds_its_slot() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=1, output_tokens=4, slots=1)
+    async with client_for(config) as (client, _):
+        slow = asyncio.create_task(client.timed(chat("[[sim:delay_ms=400]]")))
+
+        async def busy() -> bool:
+            return (await client.metrics())["vllm:num_requests_running"] == 1
+
+        await wait_for(busy)
+        behind_s, _ = await client.timed(chat("behind"))
+        slow_s, _ = await slow
+        assert behind_s > slow_s / 2  # it waited for the delayed request's slot
+
+
+async def test_a_client_that_leaves_frees_its_slot() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=1, output_tokens=20_000, slots=1)
+    async with client_for(config) as (client, _):
+        with pytest.raises(httpx.ReadTimeout):
+            await client.http.post(
+                client.url + "/chat/completions", json=chat("long", 20_000), timeout=0.2
+            )
+
+        async def idle() -> bool:
+            return (await client.metrics())["vllm:num_requests_running"] == 0
+
+        # Twenty thousand tokens of 1 ms would hold the slot for 20 s.
+        await wait_for(idle, deadline_s=5.0)
+        _, data = await client.timed(chat("next", 4))
+        assert data["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+        ),
+        ({"stream": True, "stream_options": {"continuous": True}}, "stream_options.continuous"),
+        ({"stream": True, "stream_options": [1]}, "stream_options"),
+        ({"max_tokens": "7"}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_completion_tokens": 2.5}, "max_completion_tokens"),
+    ],
+)
+@pytest.mark.parametrize("slots", [0, 2])
+async def test_bad_fields_get_a_400_naming_them(
+    change: dict[str, Any], param: str, slots: int
+) -> None:
+    async with client_for(SimulatorConfig(ttft_ms=1, itl_ms=0, slots=slots)) as (client, _):
+        response = await client.post({**chat("hello"), **change})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert param.split(".")[-1] in error["message"]
+
+
+async def test_a_body_that_is_not_an_object_is_refused() -> None:
+    async with client_for(SimulatorConfig(ttft_ms=1, itl_ms=0, slots=2)) as (client, _):
+        response = await client.http.post(client.url + "/chat/completions", json=[1, 2])
+    assert response.status_code == 400
+    assert "object" in response.json()["error"]["message"]
+
+
+async def test_requests_timed_alone_show_their_queue_in_metrics() -> None:
+    config = SimulatorConfig(ttft_ms=100, itl_ms=0, max_concurrency=2)
+    async with client_for(config) as (client, _):
+        requests = [asyncio.create_task(client.timed(chat(f"q{i}"))) for i in range(6)]
+        seen: list[dict[str, float]] = []
+        while not all(r.done() for r in requests):
+            seen.append(await client.metrics())
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*requests)
+        after = await client.metrics()
+        stats = await client.stats()
+    assert max(m["vllm:num_requests_running"] for m in seen) == 2
+    assert max(m["vllm:num_requests_waiting"] for m in seen) >= 1
+    assert after["vllm:request_success_total[finished_reason=length]"] == 6
+    assert after["vllm:prompt_tokens_total"] == 6
+    assert stats["peak_running"] == 2
+
+
+async def test_many_requests_through_sixty_four_slots() -> None:
+    config = SimulatorConfig(ttft_ms=2, itl_ms=1, output_tokens=16, slots=64, itl_growth=1.0)
+    async with client_for(config) as (client, simulator):
+        replies = await asyncio.gather(*(client.timed(chat(f"r{i}", 32)) for i in range(200)))
+        metrics = await client.metrics()
+    assert all(data["usage"]["completion_tokens"] == 16 for _, data in replies)
+    assert simulator.model is not None
+    assert simulator.model.peak_running == 64
+    assert metrics["vllm:generation_tokens_total"] == 200 * 16
+    assert metrics["vllm:num_requests_running"] == 0

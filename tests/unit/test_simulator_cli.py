@@ -1,0 +1,71 @@
+"""``backfill simulate``: every option reaches the simulator's config, bad mixes are refused."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import backfill.adapters.engines.simulator as simulator_module
+from backfill.adapters.engines.simulator import SimulatorConfig
+from backfill.cli.main import app
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[SimulatorConfig, str, int]]:
+    calls: list[tuple[SimulatorConfig, str, int]] = []
+
+    def fake_run(config: SimulatorConfig, host: str, port: int) -> None:
+        calls.append((config, host, port))
+
+    monkeypatch.setattr(simulator_module, "run_simulator", fake_run)
+    return calls
+
+
+def test_defaults_keep_each_request_timed_alone(
+    started: list[tuple[SimulatorConfig, str, int]],
+) -> None:
+    result = CliRunner().invoke(app, ["simulate"])
+    assert result.exit_code == 0, result.output
+    [(config, host, port)] = started
+    assert (host, port) == ("127.0.0.1", 9000)
+    assert config == SimulatorConfig()
+    assert config.batching() is None
+
+
+def test_batching_options_reach_the_config(
+    started: list[tuple[SimulatorConfig, str, int]],
+) -> None:
+    args = [
+        "simulate", "--slots", "64", "--ttft-ms", "30", "--itl-ms", "12",
+        "--prefill-ms-per-token", "0.2", "--itl-growth", "1.5", "--kv-capacity-tokens", "500000",
+        "--block-tokens", "32", "--prefix-cache-blocks", "4096", "--model-name", "org/model",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    batching = started[0][0].batching()
+    assert batching is not None
+    assert (batching.slots, batching.ttft_ms, batching.itl_ms) == (64, 30, 12)
+    assert (batching.prefill_ms_per_token, batching.itl_growth) == (0.2, 1.5)
+    assert (batching.kv_capacity_tokens, batching.block_tokens) == (500_000, 32)
+    assert batching.prefix_cache_blocks == 4096
+    assert started[0][0].model_name == "org/model"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--slots", "4", "--max-concurrency", "2"], "slots replaces max_concurrency"),
+        (["--prefix-cache-blocks", "100"], "prefix_cache_blocks only act with slots"),
+        (["--itl-growth", "1"], "itl_growth only act with slots"),
+        (["--slots", "-1"], "--slots"),
+        (["--slots", "2", "--block-tokens", "0"], "--block-tokens"),
+    ],
+)
+def test_bad_mixes_are_refused(
+    started: list[tuple[SimulatorConfig, str, int]], args: list[str], says: str
+) -> None:
+    # Wide enough that the error box does not wrap the message.
+    result = CliRunner().invoke(app, ["simulate", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert says in result.output
+    assert started == []
