@@ -111,6 +111,9 @@ class ConcurrencyLimit:
         if slots:
             spare = slots - interactive - self._headroom(interactive)
             limit = math.floor(spare)
+            if pressure.waiting > 0:
+                # A queue at the engine: none of Backfill's may stand in it ahead of people.
+                limit = min(limit, own - math.ceil(pressure.waiting))
         elif pressure.waiting > 0:
             limit = math.floor(self.limit * _DECREASE)
         else:
