@@ -163,7 +163,8 @@ async def test_the_planner_reads_what_claims_served_and_stores_its_plan(store: S
     a, b = await weighted_org(store, 1), await weighted_org(store, 3)
     first = await make_batch(store, a, 2000, model="shared")
     await make_batch(store, b, 2000, model="shared")
-    await store.apply_plan(plan(await store.plan_inputs(), NOW, 0.1))  # marks: nothing served
+    # The first look opens a measurement window: nothing served yet, work ready.
+    await store.apply_plan(plan(await store.plan_inputs(), NOW, 0.1))
     done = await take(store, first, 10, "t", NOW + LEASE, NOW)
     assert await store.write_results([ok(item, "t") for item in done]) == [True] * 10
     claimed = sum((await served_by_org(store, "shared", 10, 40)).values())
@@ -177,12 +178,13 @@ async def test_the_planner_reads_what_claims_served_and_stores_its_plan(store: S
     assert sum(remaining.values()) == 4000 - 10
     assert {batch.org_id: batch.weight for batch in inputs.running} == {a.id: 1, b.id: 3}
 
-    made = plan(inputs, NOW + 10, 0.1)
+    made = plan(inputs, NOW + 100, 0.1)
     await store.apply_plan(made)
     [rate] = made.rates
-    assert rate.rps == pytest.approx((claimed + 10) / 10)  # busy throughout the 10 s
+    assert rate.rps == pytest.approx((claimed + 10) / 100)  # busy throughout the 100 s
     after = await store.plan_inputs()
-    assert [(r.model, r.rps, r.busy) for r in after.rates] == [("shared", rate.rps, True)]
+    assert after.rates == [rate]
+    assert rate.served == claimed + 10
     assert {lane.org_id: lane.served_mark for lane in after.lanes} == {
         a.id: lanes[a.id].served,
         b.id: lanes[b.id].served,
@@ -198,8 +200,8 @@ async def test_the_planner_reads_what_claims_served_and_stores_its_plan(store: S
 
 
 async def test_an_older_plan_never_overwrites_a_newer_rate(store: SqlStore) -> None:
-    await store.apply_plan(Plan([ModelRate("m", 5.0, NOW + 10, True)], [], {}))
-    await store.apply_plan(Plan([ModelRate("m", 9.0, NOW, True)], [], {}))
+    await store.apply_plan(Plan([ModelRate("m", 5.0, NOW + 10, 0, True)], [], {}))
+    await store.apply_plan(Plan([ModelRate("m", 9.0, NOW, 0, True)], [], {}))
     assert [r.rps for r in (await store.plan_inputs()).rates] == [5.0]
 
 
@@ -209,7 +211,7 @@ async def test_admission_refuses_what_the_measured_rate_cannot_finish(store: Sql
     deadline = int(NOW) + 100  # created at NOW: a 100 s window
     # No rate yet: nothing is refused.
     await make_batch(store, org, 80, model="m", admission=aware, expires_at=deadline)
-    await store.apply_plan(Plan([ModelRate("m", 1.0, NOW, True)], [], {}))
+    await store.apply_plan(Plan([ModelRate("m", 1.0, NOW, 0, True)], [], {}))
     with pytest.raises(RateLimited) as refused:
         await make_batch(store, org, 21, model="m", admission=aware, expires_at=deadline)
     assert refused.value.code == "capacity_exceeded"

@@ -8,6 +8,8 @@ import random
 import pytest
 
 from backfill.domain.planning import (
+    MIN_SAMPLE_LINES,
+    MIN_SAMPLE_S,
     NOT_URGENT,
     RATE_SMOOTHING,
     LaneLoad,
@@ -146,21 +148,31 @@ def test_a_batch_that_cannot_finish_even_alone_is_not_made_urgent() -> None:
     assert urgent_lanes([hopeless, bulk], finishes, 10.0, NOW, 0.1) == {}
 
 
-def test_the_rate_counts_only_intervals_busy_at_both_ends() -> None:
-    first = measure(None, "m", 0, True, NOW)
-    assert first.rps is None
-    measured = measure(first, "m", 500, True, NOW + 10)
+def test_the_rate_counts_only_windows_busy_at_every_look() -> None:
+    first = measure(None, "m", 1000, True, NOW)
+    assert (first.rps, first.served, first.observed_at) == (None, 1000, NOW)
+    measured = measure(first, "m", 1500, True, NOW + 10)
     assert measured.rps == 50
-    smoothed = measure(measured, "m", 1000, True, NOW + 20)
+    smoothed = measure(measured, "m", 2500, True, NOW + 20)
     assert smoothed.rps == pytest.approx(50 + RATE_SMOOTHING * (100 - 50))
-    # Idle at the start or at the end of an interval: the rate stays as it was.
-    idle = measure(smoothed, "m", 3, False, NOW + 30)
-    assert idle.rps == smoothed.rps
-    back = measure(idle, "m", 400, True, NOW + 3600)
+    # Idle at a look: the window starts again there, and the rate stays as it was.
+    idle = measure(smoothed, "m", 2503, False, NOW + 30)
+    assert (idle.rps, idle.observed_at, idle.busy) == (smoothed.rps, NOW + 30, False)
+    back = measure(idle, "m", 2503, True, NOW + 3600)
     assert back.rps == smoothed.rps is not None
-    # Work ready but nothing served for a whole interval: a real slowdown, measured.
-    stalled = measure(back, "m", 0, True, NOW + 3610)
+    # Work ready but nothing served for a whole minute: a real slowdown, measured.
+    stalled = measure(back, "m", 2503, True, NOW + 3600 + MIN_SAMPLE_S)
     assert stalled.rps == pytest.approx(smoothed.rps * (1 - RATE_SMOOTHING))
+
+
+def test_a_window_is_measured_only_once_it_holds_enough() -> None:
+    """Claims come in bunches: a look a moment after a claim would measure the bunch."""
+    start = measure(None, "m", 0, True, NOW)
+    early = measure(start, "m", 40, True, NOW + 0.1)
+    assert early == start  # the window grows
+    assert measure(early, "m", MIN_SAMPLE_LINES, True, NOW + 4).rps == MIN_SAMPLE_LINES / 4
+    slow = measure(start, "m", 3, True, NOW + MIN_SAMPLE_S)
+    assert slow.rps == 3 / MIN_SAMPLE_S
 
 
 def test_estimates_are_rewritten_only_when_they_move() -> None:
@@ -180,12 +192,13 @@ def lane_load(org: str, served: int, mark: int, *, ready: bool = True) -> LaneLo
 def test_a_plan_measures_shares_marks_urgent_lanes_and_estimates() -> None:
     inputs = PlanInputs(
         lanes=[lane_load("x", 1300, 1000), lane_load("y", 100, 0)],
-        rates=[ModelRate("m", 10.0, NOW - 40, True)],
+        rates=[ModelRate("m", 10.0, NOW - 40, 1000, True)],
         running=[running("bulk", "x", 5000, window=3600), running("soon", "y", 600, window=100)],
     )
     made = plan(inputs, NOW, 0.1)
     [rate] = made.rates
     assert rate.rps == pytest.approx(10.0)  # 400 lines in 40 s
+    assert rate.served == 1400
     shares = {lane.org_id: lane for lane in made.lanes}
     assert shares["x"].share == pytest.approx(0.75)
     assert shares["y"].share == pytest.approx(0.25)
@@ -202,6 +215,6 @@ def test_without_a_rate_nothing_is_urgent_and_estimates_are_unknown() -> None:
         running=[running("a", "x", 10, estimate=int(NOW) + 5)],
     )
     made = plan(inputs, NOW, 0.1)
-    assert made.rates[0].rps is None
+    assert [rate.rps for rate in made.rates] == [None]
     assert made.estimates == {"a": None}
     assert made.lanes == []  # nothing changed on the lane

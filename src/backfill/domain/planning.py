@@ -17,9 +17,13 @@ from dataclasses import dataclass
 # A lane that is not urgent is served "by" this deadline: later than any real one, so one
 # ordering key (urgent_by, then virtual time) puts urgent lanes first, earliest deadline first.
 NOT_URGENT = 2**62
-# The weight of the newest measurement in the throughput's moving average: with a pass every
-# few seconds, a change of pace shows within a few passes and one odd interval does not swing it.
+# The weight of the newest measurement in the throughput's moving average: a change of pace
+# shows within a few measurements, and one odd one does not swing it.
 RATE_SMOOTHING = 0.3
+# A measurement spans at least this many lines or this long: claims come in bunches, so a
+# shorter window would measure how they bunch, not how fast the model serves.
+MIN_SAMPLE_LINES = 200
+MIN_SAMPLE_S = 60.0
 # A stored estimate is rewritten when the new one differs by more than this share of the time
 # still to go (and by at least a second): estimates stay current without a write per pass.
 ESTIMATE_TOLERANCE = 0.01
@@ -43,14 +47,16 @@ class LaneLoad:
 
 @dataclass(frozen=True, slots=True)
 class ModelRate:
-    """A model's measured throughput and when it was last looked at."""
+    """A model's measured throughput, and where its current measurement window started."""
 
     model: str
     rps: float | None
-    """Requests per second while it had work; None until one busy interval was measured."""
+    """Requests per second while it had work; None until one busy window was measured."""
     observed_at: float
+    served: int
+    """Lines claimed from the model's lanes, ever, at ``observed_at``."""
     busy: bool
-    """It had work ready when last looked at."""
+    """It had work ready at ``observed_at``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,7 @@ class LanePlan:
 @dataclass(frozen=True, slots=True)
 class Plan:
     rates: list[ModelRate]
+    """Only models whose rate or measurement window changed."""
     lanes: list[LanePlan]
     """Only lanes whose mark, share or urgency changed."""
     estimates: dict[str, int | None]
@@ -97,22 +104,25 @@ class Plan:
 
 
 def measure(
-    previous: ModelRate | None, model: str, grown: int, busy: bool, now: float
+    previous: ModelRate | None, model: str, served: int, busy: bool, now: float
 ) -> ModelRate:
-    """The model's rate after ``grown`` more lines were claimed since ``previous``.
+    """The model's rate, now that ``served`` lines were ever claimed from it.
 
-    An interval counts only when the model had work ready at both ends: an idle model keeps
+    A window counts only while the model had work ready at every look: an idle model keeps
     its last busy rate, so a quiet night does not make the morning's first batch look
-    impossible.
+    impossible. A window is measured once it holds enough lines or time; until then it grows.
     """
-    rps = previous.rps if previous is not None else None
-    if previous is not None and previous.busy and busy and now > previous.observed_at:
-        sample = grown / (now - previous.observed_at)
-        if rps is None:
-            rps = sample if sample > 0 else None
-        else:
-            rps += RATE_SMOOTHING * (sample - rps)
-    return ModelRate(model, rps, now, busy)
+    if previous is None or not (previous.busy and busy):
+        return ModelRate(model, previous.rps if previous else None, now, served, busy)
+    lines, elapsed = served - previous.served, now - previous.observed_at
+    if elapsed <= 0 or (lines < MIN_SAMPLE_LINES and elapsed < MIN_SAMPLE_S):
+        return previous
+    sample = lines / elapsed
+    if previous.rps is None:
+        rps = sample if sample > 0 else None
+    else:
+        rps = previous.rps + RATE_SMOOTHING * (sample - previous.rps)
+    return ModelRate(model, rps, now, served, busy)
 
 
 class _Lanes:
@@ -212,8 +222,10 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
         running = running_of.get(model, [])
         busy = any(lane.ready for lane in lanes)
         grown = sum(lane.served - lane.served_mark for lane in lanes)
-        rate = measure(previous.get(model), model, grown, busy, now)
-        rates.append(rate)
+        served = sum(lane.served for lane in lanes)
+        rate = measure(previous.get(model), model, served, busy, now)
+        if rate != previous.get(model):
+            rates.append(rate)
         finishes: dict[str, float] = {}
         urgent: dict[str, int] = {}
         if rate.rps:

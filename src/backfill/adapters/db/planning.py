@@ -68,7 +68,10 @@ class PlanningQueries(SqlBase):
                 )
                 for row in lanes
             ],
-            rates=[ModelRate(row.model, row.rps, row.observed_at, bool(row.busy)) for row in rates],
+            rates=[
+                ModelRate(row.model, row.rps, row.observed_at, int(row.served), bool(row.busy))
+                for row in rates
+            ],
             running=[
                 RunningBatch(
                     id=row.id,
@@ -125,10 +128,11 @@ class PlanningQueries(SqlBase):
                             "model": rate.model,
                             "rps": rate.rps,
                             "observed_at": rate.observed_at,
+                            "served": rate.served,
                             "busy": rate.busy,
                         },
                         key=[r.c.model],
-                        replace=["rps", "observed_at", "busy"],
+                        replace=["rps", "observed_at", "served", "busy"],
                         where=r.c.observed_at < rate.observed_at,
                     )
                 )

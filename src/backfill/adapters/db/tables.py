@@ -305,7 +305,9 @@ model_rates = Table(
     metadata,
     Column("model", String(256), primary_key=True),
     Column("rps", Float),
+    # Where the current measurement window starts: when, the lines claimed by then, busy then.
     Column("observed_at", Float, nullable=False),
+    Column("served", BigInteger, nullable=False),
     Column("busy", Boolean, nullable=False),
 )
 

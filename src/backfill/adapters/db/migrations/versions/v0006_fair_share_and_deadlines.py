@@ -46,6 +46,7 @@ def upgrade() -> None:
         sa.Column("model", sa.String(length=256), nullable=False),
         sa.Column("rps", sa.Float(), nullable=True),
         sa.Column("observed_at", sa.Float(), nullable=False),
+        sa.Column("served", sa.BigInteger(), nullable=False),
         sa.Column("busy", sa.Boolean(), nullable=False),
         sa.PrimaryKeyConstraint("model"),
     )
