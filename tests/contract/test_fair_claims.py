@@ -189,9 +189,9 @@ async def test_the_planner_reads_what_claims_served_and_stores_its_plan(store: S
         a.id: lanes[a.id].served,
         b.id: lanes[b.id].served,
     }
-    shares = {s.org_id: s.share for s in await store.dispatch_shares()}
-    assert shares[a.id] == pytest.approx(lanes[a.id].served / (claimed + 10))
-    assert shares[a.id] + shares[b.id] == pytest.approx(1.0)
+    shares = {s.org: s.share for s in await store.dispatch_shares()}
+    assert shares[a.name] == pytest.approx(lanes[a.id].served / (claimed + 10))
+    assert shares[a.name] + shares[b.name] == pytest.approx(1.0)
     estimates = {batch.id: batch.estimate for batch in after.running}
     assert estimates[first.id] == made.estimates[first.id] is not None
     got = await store.get_batch(None, first.id)

@@ -224,7 +224,8 @@ class DispatchShare:
     """An org's part of the lines its model's engines took during the planner's last interval."""
 
     model: str
-    org_id: str
+    org: str
+    """The org's name: operators read it on dashboards."""
     share: float
 
 

@@ -138,13 +138,14 @@ class PlanningQueries(SqlBase):
                 )
 
     async def dispatch_shares(self) -> list[DispatchShare]:
-        ln = t.lanes
+        ln, o = t.lanes, t.orgs
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    select(ln.c.model, ln.c.org_id, ln.c.share)
+                    select(ln.c.model, o.c.name, ln.c.share)
+                    .join_from(ln, o, o.c.id == ln.c.org_id)
                     .where(ln.c.share > 0)
-                    .order_by(ln.c.model, ln.c.org_id)
+                    .order_by(ln.c.model, o.c.name)
                 )
             ).all()
-        return [DispatchShare(row.model, row.org_id, float(row.share)) for row in rows]
+        return [DispatchShare(row.model, row.name, float(row.share)) for row in rows]
