@@ -125,6 +125,8 @@ async def test_while_both_orgs_have_work_each_gets_its_weighted_share(
         await shared.weigh(shared.other, weight_b)
         a = await shared.submit(shared.default, lines)
         b = await shared.submit(shared.other, lines)
+        # From once the second has started: what the first claimed alone is out of the way.
+        await until_done(shared, b, 100)
         start_a, start_b = done(await shared.batch(a)), done(await shared.batch(b))
         # Measure until the first of them is nearly done: both are active throughout.
         deadline = time.monotonic() + 120

@@ -3,6 +3,7 @@ weighted fair share (checked against a step-by-step simulation), urgency and est
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -218,3 +219,32 @@ def test_without_a_rate_nothing_is_urgent_and_estimates_are_unknown() -> None:
     assert [rate.rps for rate in made.rates] == [None]
     assert made.estimates == {"a": None}
     assert made.lanes == []  # nothing changed on the lane
+
+
+def test_a_lane_that_stops_being_urgent_rejoins_level_with_the_others() -> None:
+    """It ran ahead in virtual time while served first; that is not paid back, or it would
+    get nothing until the others caught up, which its projection did not assume."""
+    was_urgent = LaneLoad("m", "y", 600, 600, True, int(NOW) + 100, 0.5, vtime=900.0)
+    others = [
+        LaneLoad("m", "x", 1000, 1000, True, NOT_URGENT, 0.5, vtime=400.0),
+        LaneLoad("m", "z", 1000, 1000, True, NOT_URGENT, 0.0, vtime=450.0),
+        LaneLoad("m", "idle", 9, 9, False, NOT_URGENT, 0.0, vtime=10.0),
+    ]
+    inputs = PlanInputs(
+        lanes=[was_urgent, *others],
+        rates=[ModelRate("m", 10.0, NOW - 100, 2600, True)],
+        running=[running("fine", "y", 10, window=3600), running("bulk", "x", 100)],
+    )
+    made = plan(inputs, NOW, 0.1)
+    [cleared] = [lane for lane in made.lanes if lane.org_id == "y"]
+    assert (cleared.urgent_by, cleared.forgiven) == (NOT_URGENT, 500.0)
+    assert all(lane.forgiven == 0 for lane in made.lanes if lane.org_id != "y")
+    # Still urgent, or behind the others: nothing is taken off.
+    tight = [running("soon", "y", 600, window=100), running("bulk", "x", 5000)]
+    still = dataclasses.replace(inputs, running=tight)
+    assert all(lane.forgiven == 0 for lane in plan(still, NOW, 0.1).lanes)
+    behind = dataclasses.replace(
+        inputs, lanes=[dataclasses.replace(was_urgent, vtime=100.0), *others]
+    )
+    [level] = [lane for lane in plan(behind, NOW, 0.1).lanes if lane.org_id == "y"]
+    assert (level.urgent_by, level.forgiven) == (NOT_URGENT, 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # A lane that is not urgent is served "by" this deadline: later than any real one, so one
@@ -43,6 +43,7 @@ class LaneLoad:
     """The lane has a chunk a claim could take now (and its org may run it)."""
     urgent_by: int
     share: float
+    vtime: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,8 @@ class LanePlan:
     share: float
     """The lane's part of its model's lines claimed since the last plan (0..1)."""
     urgent_by: int
+    forgiven: float = 0.0
+    """Virtual time taken off the lane: what it ran ahead while urgent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +243,7 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
 
 
 def _lane_plans(
-    lanes: Iterable[LaneLoad], grown: int, busy: bool, urgent: dict[str, int]
+    lanes: Sequence[LaneLoad], grown: int, busy: bool, urgent: dict[str, int]
 ) -> list[LanePlan]:
     plans = []
     for lane in lanes:
@@ -250,6 +253,26 @@ def _lane_plans(
             # Nothing claimed since the last plan: a busy model keeps the shares it had.
             share = lane.share if busy else 0.0
         urgent_by = urgent.get(lane.org_id, NOT_URGENT)
-        if (lane.served, share, urgent_by) != (lane.served_mark, lane.share, lane.urgent_by):
-            plans.append(LanePlan(lane.model, lane.org_id, lane.served, share, urgent_by))
+        forgiven = 0.0
+        if lane.urgent_by < NOT_URGENT <= urgent_by:
+            forgiven = _ahead_of_level(lane, lanes)
+        if (lane.served, share, urgent_by, forgiven) != (
+            lane.served_mark,
+            lane.share,
+            lane.urgent_by,
+            0.0,
+        ):
+            plans.append(LanePlan(lane.model, lane.org_id, lane.served, share, urgent_by, forgiven))
     return plans
+
+
+def _ahead_of_level(lane: LaneLoad, lanes: Sequence[LaneLoad]) -> float:
+    """How far a lane that stops being urgent ran ahead of the least-served busy lane of its
+    model. Priority is not paid back: the lane rejoins level, as a lane that reopens does, so
+    from here it gets its fair share, which is what its projection assumed."""
+    others = [
+        other.vtime
+        for other in lanes
+        if other.org_id != lane.org_id and other.ready and other.urgent_by == NOT_URGENT
+    ]
+    return max(0.0, lane.vtime - min(others)) if others else 0.0

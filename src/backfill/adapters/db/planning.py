@@ -35,6 +35,7 @@ class PlanningQueries(SqlBase):
                         claimable.label("ready"),
                         ln.c.urgent_by,
                         ln.c.share,
+                        ln.c.vtime,
                     ).join_from(ln, o, o.c.id == ln.c.org_id)
                 )
             ).all()
@@ -65,6 +66,7 @@ class PlanningQueries(SqlBase):
                     ready=bool(row.ready),
                     urgent_by=int(row.urgent_by),
                     share=float(row.share),
+                    vtime=float(row.vtime),
                 )
                 for row in lanes
             ],
@@ -106,6 +108,8 @@ class PlanningQueries(SqlBase):
                         served_mark=bindparam("l_mark"),
                         share=bindparam("l_share"),
                         urgent_by=bindparam("l_urgent"),
+                        # Relative: claims made since the plan read the lane still count.
+                        vtime=ln.c.vtime - bindparam("l_forgiven"),
                     ),
                     [
                         {
@@ -114,6 +118,7 @@ class PlanningQueries(SqlBase):
                             "l_mark": lane.served_mark,
                             "l_share": lane.share,
                             "l_urgent": lane.urgent_by,
+                            "l_forgiven": lane.forgiven,
                         }
                         for lane in sorted(plan.lanes, key=lambda x: (x.model, x.org_id))
                     ],
