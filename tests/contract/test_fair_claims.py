@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
+from backfill.adapters.db.claims import LANES_PER_CLAIM, pick_sql
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES
@@ -242,6 +243,28 @@ async def test_concurrent_claims_of_one_lane_add_up_their_virtual_time(store: Sq
     assert served + len(leased) == CHUNK_LINES * 8  # every line claimed once
     assert served > 400
     assert vtime == pytest.approx(served / 4)
+
+
+async def test_the_pick_reads_lanes_through_their_turn_index_and_never_lines(
+    store: SqlStore,
+) -> None:
+    """The claim's cost does not grow with the lines queued or done: lanes come through
+    ix_lanes_turn (model, urgent_by, vtime), chunks through their index, no line is read."""
+    for _ in range(5):
+        await make_batch(store, await make_org(store), 600, model="shared")
+    sql = pick_sql(store.dialect)
+    params = {"models": ["shared"], "now": NOW, "k": LANES_PER_CLAIM, "lanes": 16}
+    async with store.engine.connect() as conn:
+        if store.is_sqlite:
+            explain = text("EXPLAIN QUERY PLAN " + sql)
+        else:
+            await conn.execute(text("SET enable_seqscan = off"))
+            explain = text("EXPLAIN " + sql)
+        rows = await conn.execute(explain.bindparams(bindparam("models", expanding=True)), params)
+        plan_text = " ".join(str(row[-1] if store.is_sqlite else row[0]) for row in rows)
+    assert "ix_lanes_turn" in plan_text, plan_text
+    assert "ix_chunks_ready" in plan_text, plan_text
+    assert "items" not in plan_text, plan_text
 
 
 @pytest.fixture(params=sorted(STORE_URLS))

@@ -153,9 +153,7 @@ async def test_the_batch_with_the_earlier_deadline_finishes_first_and_in_time(
         done_b = await d.batch(b, d.other)
         now_a = await d.batch(a)
         slack = done_b["expires_at"] - done_b["completed_at"]
-        print(
-            f"\nurgent batch: completed {slack}s before its deadline; the other is {now_a['status']}"
-        )
+        print(f"\nurgent batch: completed {slack}s before its deadline; the other ran on")
         assert done_b["status"] == "completed", done_b
         assert done_b["request_counts"]["completed"] == 6 * PER_S
         assert done_b["completed_at"] <= done_b["expires_at"]

@@ -68,12 +68,16 @@ _PICKED = (
 )
 
 
+def pick_sql(dialect: Dialect) -> str:
+    """The claim's pick in ``dialect``: its parameters ``:models`` (a list), ``:now``, ``:k``
+    and ``:lanes``."""
+    return dialect.one_chunk_per_lane(_LANES, _TURN, _READY_CHUNK, _PICKED)
+
+
 @functools.cache
 def _pick_statement(dialect: Dialect) -> TextClause:
     """The statement that picks a chunk per lane, built once per dialect, not per claim."""
-    return text(dialect.one_chunk_per_lane(_LANES, _TURN, _READY_CHUNK, _PICKED)).bindparams(
-        bindparam("models", expanding=True)
-    )
+    return text(pick_sql(dialect)).bindparams(bindparam("models", expanding=True))
 
 
 def _turn(row: Any) -> tuple[int, float, str]:
