@@ -251,7 +251,8 @@ class BatchStore(Protocol):
 
 
 class WorkQueue(Protocol):
-    """The lines of running batches: leased to workers, released, and answered."""
+    """The lines of running batches: leased to workers, released, answered, and planned (lane
+    urgency, measured throughput, completion estimates)."""
 
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
