@@ -39,6 +39,7 @@ from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
 from backfill.services.operations import Operations
+from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
 from backfill.services.tenants import TenantService
 from backfill.settings import (
@@ -251,6 +252,12 @@ def build(
             BatchStarter(store, files, clock),
             Janitor(store, files, clock),
             metrics,
+            Planner(
+                store,
+                clock,
+                interval_s=settings.plan_interval_s,
+                margin_fraction=settings.deadline_margin_fraction,
+            ),
             sharing,
         )
     batches = BatchService(
@@ -263,6 +270,7 @@ def build(
         idempotency_required=settings.idempotency_required,
         limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
         events=worker,
+        deadline_admission=settings.deadline_admission,
     )
     operations = Operations(store, metrics, worker.observe if worker is not None else None)
     services = Services(

@@ -50,6 +50,13 @@ class Metrics:
             "backfill_queue_depth", "Requests of unfinished batches not yet done.", registry=r
         )
         self.batches = Gauge("backfill_batches", "Batches by status.", ["status"], registry=r)
+        self.dispatch_share = Gauge(
+            "backfill_dispatch_share",
+            "Each org's part (0..1) of the requests its model's engines took during the "
+            "planner's last interval.",
+            ["model", "org"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

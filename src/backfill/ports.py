@@ -15,11 +15,13 @@ from backfill.domain.chunks import ChunkRef
 from backfill.domain.concurrency import Pressure
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.planning import Plan, PlanInputs
 from backfill.domain.records import (
     Admission,
     ApiKey,
     BatchRecord,
     Claim,
+    DispatchShare,
     FinalizeLease,
     ItemResult,
     KeyringRecord,
@@ -135,6 +137,10 @@ class TenantStore(Protocol):
     async def org_by_name(self, name: str) -> Org | None: ...
 
     async def count_orgs(self) -> int: ...
+
+    async def set_org_weight(self, org_id: str, weight: int) -> Org | None:
+        """Set the org's fair-share weight; the org as stored after, None when there is none."""
+        ...
 
     async def create_api_key(self, key: ApiKey, secret_hash: str) -> None: ...
 
@@ -259,13 +265,14 @@ class BatchStore(Protocol):
 
 
 class WorkQueue(Protocol):
-    """The lines of running batches: leased to workers, released, and answered."""
+    """The lines of running batches: leased to workers, released, answered, and planned (lane
+    urgency, measured throughput, completion estimates)."""
 
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
     ) -> list[Claim]:
         """Lease up to ``limit`` queued lines of running batches of ``models``, a chunk at a
-        time, from the least-served (model, org) lanes first."""
+        time: urgent (model, org) lanes first, then by weighted fair share."""
         ...
 
     async def requeue_expired(self, now: float) -> int:
@@ -296,6 +303,14 @@ class WorkQueue(Protocol):
 
     async def close_unfinished(self, batch_id: str, error_code: str) -> int:
         """Mark every unfinished item of a batch failed with ``error_code``; fences late writers."""
+        ...
+
+    async def plan_inputs(self) -> PlanInputs:
+        """Every lane, each model's measured rate and the running batches, for the planner."""
+        ...
+
+    async def apply_plan(self, plan: Plan) -> None:
+        """Store a plan: lane marks, shares and urgency, model rates, batch estimates."""
         ...
 
 
@@ -349,6 +364,11 @@ class OperationsStore(Protocol):
 
     async def take_singleton(self, name: str, holder: str, until: float, now: float) -> bool:
         """Hold the named lease until ``until`` if it is free, expired or ``holder``'s."""
+        ...
+
+    async def dispatch_shares(self) -> list[DispatchShare]:
+        """Each org's part of its model's dispatch over the planner's last interval (lanes
+        that took none are left out)."""
         ...
 
 

@@ -215,6 +215,12 @@ class Settings(BaseSettings):
     auth_failure_window_s: float = 60.0
     gpu_time_flush_s: float = 1.0
     janitor_interval_s: float = 60.0
+    # Scheduling (docs/scheduling.md): how often a worker measures throughput, projects running
+    # batches and marks urgent lanes; a batch is urgent once projected to finish within this
+    # share of its window before its deadline; refuse batches the measured rate cannot finish.
+    plan_interval_s: float = Field(5.0, gt=0)
+    deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
+    deadline_admission: bool = True
     log_level: str = "info"
 
     @classmethod

@@ -110,6 +110,7 @@ BATCH = {
         "errors",
         "metadata",
         "usage",
+        "estimated_completion_at",
     ],
     "properties": {
         "id": {"type": "string"},
@@ -145,6 +146,7 @@ BATCH = {
         "errors": {"type": ["object", "null"]},
         "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "usage": {"type": ["object", "null"]},
+        "estimated_completion_at": NULLABLE_INT,
     },
 }
 

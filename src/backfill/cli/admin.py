@@ -17,8 +17,9 @@ from rich.text import Text
 
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.domain.money import pico_to_usd
-from backfill.domain.records import ApiKey
+from backfill.domain.records import ApiKey, Org
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -80,6 +81,43 @@ def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
     async def action(b: Backfill) -> str:
         org = await b.services.tenants.create_org(name)
         return f"Created organization {org.name} ({org.id})."
+
+    _run(_settings(config, data), action)
+
+
+def _org_json(org: Org) -> str:
+    return json.dumps(
+        {"id": org.id, "name": org.name, "created_at": org.created_at, "weight": org.weight}
+    )
+
+
+@org_app.command("show")
+def org_show(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """Print an organization as JSON (its id and fair-share weight)."""
+
+    async def action(b: Backfill) -> str:
+        return _org_json(await b.services.tenants.org(name))
+
+    _run(_settings(config, data), action)
+
+
+@org_app.command("set")
+def org_set(
+    name: str,
+    weight: Annotated[
+        int,
+        typer.Option(
+            help=f"Fair-share weight, {MIN_WEIGHT}..{MAX_WEIGHT}: its share of dispatch on "
+            "shared engines relative to other orgs' (default 1)."
+        ),
+    ],
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Change an organization; prints it as JSON."""
+
+    async def action(b: Backfill) -> str:
+        return _org_json(await b.services.tenants.set_weight(name, weight))
 
     _run(_settings(config, data), action)
 

@@ -1,4 +1,5 @@
-"""Whether a new batch may be accepted: credit, the org's limits and the model's capacity.
+"""Whether a new batch may be accepted: credit, the org's limits and the model's capacity
+(configured in output tokens per second, or measured in requests per second).
 
 Pure: the store reads an ``AdmissionSnapshot`` under the org's lock and calls ``check`` inside
 the same transaction, so two creations of one org never both pass on the same credit.
@@ -6,6 +7,7 @@ the same transaction, so two creations of one org never both pass on the same cr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
@@ -30,6 +32,10 @@ class AdmissionSnapshot:
     """Bytes of the org's input files that are not deleted."""
     queued_output_tokens: int = 0
     """Output tokens still ahead on the batch's model (read only when it has a throughput)."""
+    measured_rps: float | None = None
+    """The model's measured throughput, requests per second (None: not measured yet)."""
+    unfinished_lines: int = 0
+    """Lines of the model's accepted batches not yet finished (read only with a rate)."""
 
     @property
     def available(self) -> int:
@@ -71,6 +77,8 @@ def check(snapshot: AdmissionSnapshot, batch: BatchRecord, admission: Admission)
     check_retained(snapshot.retained_input_bytes, 0, admission.max_retained_input_bytes)
     if admission.throughput_tokens_per_s:
         _check_capacity(snapshot.queued_output_tokens, batch, admission.throughput_tokens_per_s)
+    if admission.deadline_aware and snapshot.measured_rps:
+        check_deadline(snapshot.unfinished_lines, batch, snapshot.measured_rps)
 
 
 def _check_credit(snapshot: AdmissionSnapshot, admission: Admission) -> None:
@@ -96,8 +104,7 @@ def _check_capacity(queued: int, batch: BatchRecord, rate: int) -> None:
         return
     # The queue holds other orgs' work: say only when to retry, rounded up to whole minutes
     # so the wait does not measure their volume to the token.
-    wait = -(-over // rate)
-    wait = -(-wait // 60) * 60
+    wait = _whole_minutes(-(-over // rate))
     raise RateLimited(
         f"{batch.model} cannot take this batch's {batch.output_token_bound} output tokens "
         f"inside its {batch.completion_window} window now. Retry in about {wait}s, use a "
@@ -105,3 +112,38 @@ def _check_capacity(queued: int, batch: BatchRecord, rate: int) -> None:
         code="capacity_exceeded",
         retry_after_s=int(wait),
     )
+
+
+def check_deadline(unfinished: int, batch: BatchRecord, rps: float) -> None:
+    """Refuse a batch whose lines, behind the ``unfinished`` lines already accepted for its
+    model, the model's measured ``rps`` cannot finish before the batch's deadline."""
+    window = batch.expires_at - batch.created_at
+    capacity = rps * window
+    over = unfinished + batch.total - capacity
+    if over <= 0:
+        return
+    # The backlog is other orgs' work too: the answer is rounded (what fits to two significant
+    # digits, the wait to whole minutes), so it does not measure their volume to the line.
+    fits = _about(max(0.0, capacity - unfinished))
+    wait = _whole_minutes(math.ceil(over / rps))
+    room = f"about {fits:,} requests" if fits else "none of its requests"
+    raise RateLimited(
+        f"{batch.model} cannot finish this batch's {batch.total} requests inside its "
+        f"{batch.completion_window} window at the rate it serves now: {room} would fit in that "
+        f"window now. Retry in about {wait}s, use a longer window, or split the file.",
+        code="capacity_exceeded",
+        retry_after_s=wait,
+    )
+
+
+def _whole_minutes(seconds: int) -> int:
+    return -(-seconds // 60) * 60
+
+
+def _about(count: float) -> int:
+    """``count`` rounded down to two significant digits."""
+    whole = int(count)
+    if whole < 100:
+        return whole
+    step = int(10 ** (len(str(whole)) - 2))
+    return whole // step * step

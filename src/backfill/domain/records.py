@@ -31,6 +31,8 @@ class Org:
     id: str
     name: str
     created_at: int
+    weight: int = 1
+    """Its share of dispatch on engines it shares with other orgs, relative to theirs."""
 
 
 @dataclass(slots=True)
@@ -84,6 +86,8 @@ class BatchRecord:
     charged: int = 0
     output_token_bound: int = 0
     output_expires_after_s: int | None = None
+    estimated_completion_at: int | None = None
+    """When the planner last projected it to finish (Unix seconds); None: not known."""
 
     @property
     def prices(self) -> Prices | None:
@@ -153,6 +157,9 @@ class Admission:
     # The input file is kept at least until then, set with the batch row so that an accepted
     # batch never leaves its input on the ordinary upload expiry.
     input_expires_at: int | None = None
+    # Refuse a batch that the model's measured throughput cannot finish inside its window
+    # behind the lines already accepted.
+    deadline_aware: bool = False
 
 
 # Not frozen: one is built per request served, and a frozen dataclass's __init__ costs twice
@@ -210,6 +217,16 @@ class FinalizeLease:
     taken: bool
     previous: str | None = None
     """The token of the holder before this one (its blobs may be left), when taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchShare:
+    """An org's part of the lines its model's engines took during the planner's last interval."""
+
+    model: str
+    org: str
+    """The org's name: operators read it on dashboards."""
+    share: float
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
 from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
+from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
 from backfill.settings import Settings
 
@@ -102,12 +103,14 @@ class Worker:
         starter: BatchStarter,
         janitor: Janitor,
         metrics: Metrics | None = None,
+        planner: Planner | None = None,
         sharing: Sharing | None = None,
     ) -> None:
         self._store = store
         self._config = config
         self._clock = clock
         self._janitor = janitor
+        self._planner = planner
         self._metrics = metrics or Metrics()
         self._loops = Loops()
         self._leases = Leases(store, clock, config.lease_s)
@@ -169,6 +172,8 @@ class Worker:
         loops.every("leases", config.lease_s / 3, self.heartbeat)
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
+        if self._planner is not None:
+            loops.every("planner", self._planner.interval_s, self._planner.plan, at_once=True)
 
     async def stop(self) -> None:
         # Loops finish the statement they are in: a statement cut short by cancellation can

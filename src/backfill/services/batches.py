@@ -117,6 +117,7 @@ class BatchService:
         idempotency_required: bool = False,
         limits: OrgLimits | None = None,
         events: BatchEvents | None = None,
+        deadline_admission: bool = True,
     ) -> None:
         self._store = store
         self._files = files
@@ -127,6 +128,7 @@ class BatchService:
         self._idempotency_required = idempotency_required
         self._limits = limits or OrgLimits()
         self._events = events
+        self._deadline_admission = deadline_admission
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
@@ -292,6 +294,7 @@ class BatchService:
             max_unfinished=self._limits.max_unfinished_batches,
             max_retained_input_bytes=self._limits.max_retained_input_bytes,
             throughput_tokens_per_s=model.throughput_tokens_per_s,
+            deadline_aware=self._deadline_admission,
             # Accepted input lives until its batch ends, and at most a day past the window.
             input_expires_at=accepted_input_expiry(int(now + window)),
         )

@@ -37,6 +37,9 @@ class Operations:
         for status, count in statuses.items():
             self.metrics.batches.labels(status).set(count)
         self.metrics.queue_depth.set(depth)
+        self.metrics.dispatch_share.clear()
+        for share in await self._store.dispatch_shares():
+            self.metrics.dispatch_share.labels(share.model, share.org).set(share.share)
         if self._observe is not None:
             self._observe()
         return self.metrics.render()

@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from backfill.domain import ids
+from backfill.domain.fair_share import check_weight
 from backfill.domain.records import ApiKey, Org
 from backfill.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from backfill.ports import Clock, LedgerStore, TenantStore
@@ -175,3 +176,12 @@ class TenantService:
 
     async def org(self, name: str) -> Org:
         return await find_org(self._store, name)
+
+    async def set_weight(self, name: str, weight: object) -> Org:
+        """Give org ``name`` this fair-share weight; claims after this use it."""
+        checked = check_weight(weight)
+        org = await self.org(name)
+        updated = await self._store.set_org_weight(org.id, checked)
+        if updated is None:
+            raise NotFound(f"No organization named {name!r}; create it first.")
+        return updated

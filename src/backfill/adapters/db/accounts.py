@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
-from backfill.adapters.db.rows import model_of, receipt_of, receipt_values
+from backfill.adapters.db.rows import model_of, org_of, receipt_of, receipt_values
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import (
@@ -61,7 +61,9 @@ class AccountQueries(SqlBase):
         async with self.engine.begin() as conn:
             try:
                 await conn.execute(
-                    insert(t.orgs).values(id=org.id, name=org.name, created_at=org.created_at)
+                    insert(t.orgs).values(
+                        id=org.id, name=org.name, created_at=org.created_at, weight=org.weight
+                    )
                 )
             except IntegrityError as exc:
                 raise Conflict(f"An organization named {org.name!r} already exists.") from exc
@@ -69,7 +71,18 @@ class AccountQueries(SqlBase):
     async def org_by_name(self, name: str) -> Org | None:
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(t.orgs).where(t.orgs.c.name == name))).first()
-        return Org(id=row.id, name=row.name, created_at=row.created_at) if row else None
+        return org_of(row) if row else None
+
+    async def set_org_weight(self, org_id: str, weight: int) -> Org | None:
+        o = t.orgs
+        async with self.engine.begin() as conn:
+            # Claims read the weight as they split: the next claim after this commit uses it.
+            row = (
+                await conn.execute(
+                    update(o).where(o.c.id == org_id).values(weight=weight).returning(*o.c)
+                )
+            ).first()
+        return org_of(row) if row else None
 
     async def count_orgs(self) -> int:
         async with self.engine.connect() as conn:

@@ -49,6 +49,29 @@ def _pages(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
     return [page for page in pages if page]
 
 
+# The batches whose lines are still to run: a cancelling batch runs nothing more.
+_AHEAD = [BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value]
+
+
+async def _backlog(conn: AsyncConnection, model: str) -> tuple[float | None, int]:
+    """The model's measured throughput and, when it has one, the lines of its accepted batches
+    not finished yet (read through the status index: running batches, not history)."""
+    rps = (
+        await conn.execute(select(t.model_rates.c.rps).where(t.model_rates.c.model == model))
+    ).scalar()
+    if not rps:
+        return None, 0
+    b = t.batches
+    lines = (
+        await conn.execute(
+            select(func.coalesce(func.sum(b.c.total - b.c.completed - b.c.failed), 0)).where(
+                b.c.status.in_(_AHEAD), b.c.model == model
+            )
+        )
+    ).scalar_one()
+    return float(rps), int(lines)
+
+
 class BatchQueries(SqlBase):
     async def create_batch(self, batch: BatchRecord, admission: Admission) -> None:
         values = batch_values(batch)
@@ -122,12 +145,17 @@ class BatchQueries(SqlBase):
                 output_tokens_left(r.output_token_bound, r.total, r.completed + r.failed)
                 for r in rows
             )
+        rps, lines = None, 0
+        if admission.deadline_aware:
+            rps, lines = await _backlog(conn, batch.model)
         return AdmissionSnapshot(
             balance=int(org.balance),
             reserved=int(org.reserved),
             unfinished=int(unfinished),
             retained_input_bytes=await retained_input(conn, batch.org_id),
             queued_output_tokens=queued,
+            measured_rps=rps,
+            unfinished_lines=lines,
         )
 
     async def add_items(self, batch_id: str, chunks: Sequence[ChunkRef]) -> bool:

@@ -1,4 +1,5 @@
-"""Claims: queued lines leased a chunk at a time, fairly across lanes; lines put back.
+"""Claims: queued lines leased a chunk at a time, by weighted fair share across lanes (urgent
+lanes first); lines put back.
 
 Lock order, for every transaction that takes more than one kind of row (PostgreSQL):
 batches → items → chunks → lanes → orgs, each kind in key order. A claim is the one exception
@@ -20,7 +21,9 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.catalog import Billing
+from backfill.domain.fair_share import LaneTurn, split_claim
 from backfill.domain.lifecycle import BatchStatus, ItemState
+from backfill.domain.planning import NOT_URGENT
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 
 # Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
@@ -41,13 +44,15 @@ class ChunkState:
     TAKEN = 1
 
 
-# The fair pick: the least-served lanes of these models that have a chunk to give now, and
-# for each its earliest-deadline ready chunk of a running batch. A GPU-time lane waits while
-# its org has no credit (SPEC §7.4).
+# The fair pick: the ready lanes of these models, urgent ones first by deadline, then those
+# with the least virtual time (lines claimed / weight), and for each its earliest-deadline
+# ready chunk of a running batch. A GPU-time lane waits while its org has no credit (SPEC §7.4).
 _LANES = """
-    SELECT l.model, l.org_id, l.served FROM lanes l JOIN orgs o ON o.id = l.org_id
+    SELECT l.model, l.org_id, l.vtime, l.urgent_by FROM lanes l JOIN orgs o ON o.id = l.org_id
     WHERE l.model IN :models AND l.ready > 0 AND (NOT l.metered OR o.balance > 0)
 """
+# The lanes' turn: the order of ix_lanes_turn within a model; the org id breaks ties.
+_TURN = "l.urgent_by, l.vtime, l.org_id"
 _RUNNING = BatchStatus.IN_PROGRESS.value
 _READY_CHUNK = f"""
     SELECT {{cols}} FROM chunks c
@@ -58,47 +63,75 @@ _READY_CHUNK = f"""
 """
 _PICKED = (
     "c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, "
-    "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at"
+    "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at, "
+    "l.vtime, l.urgent_by, o.weight"
 )
+
+
+def pick_sql(dialect: Dialect) -> str:
+    """The claim's pick in ``dialect``: its parameters ``:models`` (a list), ``:now``, ``:k``
+    and ``:lanes``."""
+    return dialect.one_chunk_per_lane(_LANES, _TURN, _READY_CHUNK, _PICKED)
 
 
 @functools.cache
 def _pick_statement(dialect: Dialect) -> TextClause:
     """The statement that picks a chunk per lane, built once per dialect, not per claim."""
-    return text(dialect.one_chunk_per_lane(_LANES, _READY_CHUNK, _PICKED)).bindparams(
-        bindparam("models", expanding=True)
-    )
+    return text(pick_sql(dialect)).bindparams(bindparam("models", expanding=True))
+
+
+def _turn(row: Any) -> tuple[int, float, str]:
+    return (row.urgent_by, row.vtime, row.org_id)
 
 
 class ClaimQueries(SqlBase):
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
     ) -> list[Claim]:
-        """Lease up to ``limit`` queued lines for an engine serving ``models``: chunks of the
-        least-served lanes, lines in index order within each."""
+        """Lease up to ``limit`` queued lines for an engine serving ``models``: a chunk from
+        each of the lanes whose turn it is, split among them by weighted fair share (urgent
+        lanes first), lines in index order within each."""
         if not models or limit <= 0:
             return []
         pick = _pick_statement(self.dialect)
         claims: list[Claim] = []
         served: Counter[tuple[str, str]] = Counter()
         drained: Counter[tuple[str, str]] = Counter()
+        weights: dict[tuple[str, str], int] = {}
         async with self.writing("claiming work") as conn:
-            picked = (
-                await conn.execute(
-                    pick,
-                    {
-                        "models": list(models),
-                        "now": now,
-                        "k": LANES_PER_CLAIM,
-                        "lanes": _LANES_LOOKED_AT,
-                    },
-                )
-            ).all()
-            share = -(-limit // len(picked)) if picked else 0
-            for row in sorted(picked, key=lambda r: (r.batch_id, r.chunk)):
+            picked = sorted(
+                (
+                    await conn.execute(
+                        pick,
+                        {
+                            "models": list(models),
+                            "now": now,
+                            "k": LANES_PER_CLAIM,
+                            "lanes": _LANES_LOOKED_AT,
+                        },
+                    )
+                ).all(),
+                key=_turn,
+            )
+            shares = split_claim(
+                limit,
+                [
+                    LaneTurn(
+                        vtime=row.vtime,
+                        weight=row.weight,
+                        urgent=row.urgent_by < NOT_URGENT,
+                        room=row.end_idx - row.first_idx,
+                    )
+                    for row in picked
+                ],
+            )
+            for row, share in zip(picked, shares, strict=True):
+                if not share:
+                    continue
                 items = await self._lease_lines(conn, row, share, token, lease_until, now)
                 lane = (row.model, row.org_id)
                 served[lane] += len(items)
+                weights[lane] = row.weight
                 # Lines are leased in index order, so a chunk that gave all that was asked and
                 # not its last line holds more: it stays ready without a look.
                 exhausted = len(items) < share or items[-1].idx == row.end_idx - 1
@@ -116,11 +149,13 @@ class ClaimQueries(SqlBase):
                     )
                     claims.append(Claim(batch, row.chunk, items))
             for lane in sorted(served):
+                # Relative to the row's current values: concurrent claims of one lane add up.
                 await conn.execute(
                     update(t.lanes)
                     .where(t.lanes.c.model == lane[0], t.lanes.c.org_id == lane[1])
                     .values(
                         served=t.lanes.c.served + served[lane],
+                        vtime=t.lanes.c.vtime + served[lane] / weights[lane],
                         ready=t.lanes.c.ready - drained[lane],
                     )
                 )
@@ -287,7 +322,8 @@ def expired_leases(now: float) -> Select[Any]:
 
 async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None:
     """A batch starts: its lane gains its chunks. A lane that was idle starts level with the
-    least-served busy lane of its model, so it neither waits behind nor floods the others."""
+    busy lane of its model that has the least virtual time, so it neither waits behind the
+    others nor takes a burst to catch up: from then on they share by weight."""
     ready = (
         await conn.execute(
             select(func.count())
@@ -303,7 +339,7 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
     }
     await conn.execute(dialect.insert_ignoring(lanes).values(**row))
     level = (
-        select(func.coalesce(func.min(lanes.c.served), 0))
+        select(func.coalesce(func.min(lanes.c.vtime), 0.0))
         .where(lanes.c.model == batch.model, lanes.c.ready > 0)
         .scalar_subquery()
     )
@@ -311,7 +347,7 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
         update(lanes)
         .where(lanes.c.model == batch.model, lanes.c.org_id == batch.org_id)
         .values(
-            served=dialect.greatest(lanes.c.served, level),
+            vtime=dialect.greatest(lanes.c.vtime, level),
             ready=lanes.c.ready + ready,
             metered=row["metered"],
         )

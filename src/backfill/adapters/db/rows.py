@@ -16,7 +16,7 @@ from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
-from backfill.domain.records import BatchRecord, Receipt, ReceiptKind
+from backfill.domain.records import BatchRecord, Org, Receipt, ReceiptKind
 from backfill.errors import InvalidInput
 
 BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
@@ -48,6 +48,10 @@ def model_of(row: Any) -> CatalogModel:
         microusd_per_gpu_second=row.microusd_per_gpu_second,
         throughput_tokens_per_s=row.throughput_tokens_per_s,
     )
+
+
+def org_of(row: Any) -> Org:
+    return Org(id=row.id, name=row.name, created_at=row.created_at, weight=row.weight)
 
 
 def batch_of(row: Any) -> BatchRecord:

@@ -12,6 +12,7 @@ from backfill.adapters.db.claims import ClaimQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
+from backfill.adapters.db.planning import PlanningQueries
 from backfill.adapters.db.queue import QueueQueries
 
 
@@ -22,6 +23,7 @@ class SqlStore(
     FileQueries,
     FinalizeQueries,
     KeyringQueries,
+    PlanningQueries,
     QueueQueries,
 ):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

@@ -24,6 +24,7 @@ from sqlalchemy import (
 
 from backfill.domain.catalog import Billing
 from backfill.domain.files import FileStatus
+from backfill.domain.planning import NOT_URGENT
 
 metadata = MetaData()
 
@@ -36,6 +37,8 @@ orgs = Table(
     # Picodollars. balance = sum(credits) - sum(receipts); reserved = sum of open reservations.
     Column("balance", BigInteger, nullable=False, server_default="0"),
     Column("reserved", BigInteger, nullable=False, server_default="0"),
+    # Its share of dispatch on shared engines, relative to other orgs' (domain/fair_share.py).
+    Column("weight", Integer, nullable=False, server_default="1"),
 )
 
 # Public model revisions and private deployments (owner_org_id set).
@@ -199,6 +202,8 @@ batches = Table(
     # attempt's blobs, so a late loser never overwrites what was published).
     Column("finalizer", String(32)),
     Column("finalize_until", Float),
+    # The planner's projection of when the batch finishes (Unix seconds); null: unknown.
+    Column("estimated_completion_at", BigInteger),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
     # The lifecycle reads batches by status, and in-progress ones by deadline: never them all.
@@ -265,7 +270,8 @@ chunks = Table(
     ),
 )
 
-# One lane per (model, org): the fair claim serves the ready lane that has been served least.
+# One lane per (model, org). The claim serves urgent lanes first (earliest ``urgent_by``), then
+# the ready lanes with the least virtual time ``vtime`` (lines claimed / the org's weight).
 # ``served`` counts the lines claimed from it; ``ready`` the lane's chunks in state 0.
 lanes = Table(
     "lanes",
@@ -276,13 +282,33 @@ lanes = Table(
     Column("metered", Boolean, nullable=False, server_default=false()),
     Column("served", BigInteger, nullable=False, server_default="0"),
     Column("ready", Integer, nullable=False, server_default="0"),
+    Column("vtime", Float, nullable=False, server_default="0"),
+    # The deadline of the lane's batch the planner found about to miss it; NOT_URGENT otherwise.
+    Column("urgent_by", BigInteger, nullable=False, server_default=str(NOT_URGENT)),
+    # ``served`` at the planner's last pass, and the lane's part of what its model served since.
+    Column("served_mark", BigInteger, nullable=False, server_default="0"),
+    Column("share", Float, nullable=False, server_default="0"),
     Index(
         "ix_lanes_turn",
         "model",
-        "served",
+        "urgent_by",
+        "vtime",
         sqlite_where=text("ready > 0"),
         postgresql_where=text("ready > 0"),
     ),
+)
+
+# Each model's measured throughput (requests per second while it had work), kept by the
+# planner and read by admission in every API process.
+model_rates = Table(
+    "model_rates",
+    metadata,
+    Column("model", String(256), primary_key=True),
+    Column("rps", Float),
+    # Where the current measurement window starts: when, the lines claimed by then, busy then.
+    Column("observed_at", Float, nullable=False),
+    Column("served", BigInteger, nullable=False),
+    Column("busy", Boolean, nullable=False),
 )
 
 # Work that one process at a time does for everyone (the janitor): a named lease.

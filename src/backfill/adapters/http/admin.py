@@ -6,14 +6,14 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.money import pico_to_usd
-from backfill.domain.records import ApiKey, Ledger
+from backfill.domain.records import ApiKey, Ledger, Org
 from backfill.services.bundle import Services
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
@@ -47,6 +47,13 @@ def _json(data: Any) -> Response:
 # gets the same answers; the bounds here only keep absurd inputs from reaching them.
 class OrgIn(BaseModel):
     name: str = Field(max_length=1000)
+
+
+class OrgPatch(BaseModel):
+    # Unknown fields are refused, never ignored; the weight's type and range are checked by
+    # the service, so the CLI and the API give the same answer.
+    model_config = ConfigDict(extra="forbid")
+    weight: Any
 
 
 class KeyIn(BaseModel):
@@ -99,6 +106,16 @@ def ledger_object(org: str, ledger: Ledger) -> dict[str, Any]:
     }
 
 
+def org_object(org: Org) -> dict[str, Any]:
+    return {
+        "id": org.id,
+        "object": "organization",
+        "name": org.name,
+        "created_at": org.created_at,
+        "weight": org.weight,
+    }
+
+
 def key_object(key: ApiKey) -> dict[str, Any]:
     return {
         "id": key.id,
@@ -114,8 +131,17 @@ def key_object(key: ApiKey) -> dict[str, Any]:
 
 @router.post("/orgs")
 async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
-    org = await svc.tenants.create_org(body.name)
-    return _json({"id": org.id, "name": org.name, "created_at": org.created_at})
+    return _json(org_object(await svc.tenants.create_org(body.name)))
+
+
+@router.get("/orgs/{name}")
+async def get_org(name: str, _: Admin, svc: Svc) -> Response:
+    return _json(org_object(await svc.tenants.org(name)))
+
+
+@router.patch("/orgs/{name}")
+async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
+    return _json(org_object(await svc.tenants.set_weight(name, body.weight)))
 
 
 @router.post("/keys")

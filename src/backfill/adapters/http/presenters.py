@@ -6,6 +6,7 @@ from typing import Any
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.files import FileRecord
+from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import pico_to_usd
 from backfill.domain.records import BatchRecord, Receipt
 
@@ -58,6 +59,10 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
         "billing": b.billing,
         "pricing": b.prices.as_api() if b.prices else None,
         "webhook_url": None,
+        # Kept by the planner while the batch runs; before and after, there is none.
+        "estimated_completion_at": (
+            b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
+        ),
     }
 
 

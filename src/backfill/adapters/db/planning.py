@@ -1,0 +1,156 @@
+"""What the planner reads (lanes, running batches, measured rates) and writes back (lane
+urgency and shares, model rates, batch estimates), and the dispatch shares /metrics shows."""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, bindparam, not_, or_, select, update
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.planning import (
+    LaneLoad,
+    ModelRate,
+    Plan,
+    PlanInputs,
+    RunningBatch,
+)
+from backfill.domain.records import DispatchShare
+
+
+class PlanningQueries(SqlBase):
+    async def plan_inputs(self) -> PlanInputs:
+        ln, o, b, r = t.lanes, t.orgs, t.batches, t.model_rates
+        # A lane counts as having work only when a claim could take it: a GPU-time lane of an
+        # org without credit waits, and its model is not busy for that.
+        claimable = and_(ln.c.ready > 0, or_(not_(ln.c.metered), o.c.balance > 0))
+        async with self.engine.connect() as conn:
+            lanes = (
+                await conn.execute(
+                    select(
+                        ln.c.model,
+                        ln.c.org_id,
+                        ln.c.served,
+                        ln.c.served_mark,
+                        claimable.label("ready"),
+                        ln.c.urgent_by,
+                        ln.c.share,
+                        ln.c.vtime,
+                    ).join_from(ln, o, o.c.id == ln.c.org_id)
+                )
+            ).all()
+            rates = (await conn.execute(select(r))).all()
+            running = (
+                await conn.execute(
+                    select(
+                        b.c.id,
+                        b.c.model,
+                        b.c.org_id,
+                        o.c.weight,
+                        (b.c.total - b.c.completed - b.c.failed).label("remaining"),
+                        b.c.created_at,
+                        b.c.expires_at,
+                        b.c.estimated_completion_at,
+                    )
+                    .join_from(b, o, o.c.id == b.c.org_id)
+                    .where(b.c.status == BatchStatus.IN_PROGRESS)
+                )
+            ).all()
+        return PlanInputs(
+            lanes=[
+                LaneLoad(
+                    model=row.model,
+                    org_id=row.org_id,
+                    served=int(row.served),
+                    served_mark=int(row.served_mark),
+                    ready=bool(row.ready),
+                    urgent_by=int(row.urgent_by),
+                    share=float(row.share),
+                    vtime=float(row.vtime),
+                )
+                for row in lanes
+            ],
+            rates=[
+                ModelRate(row.model, row.rps, row.observed_at, int(row.served), bool(row.busy))
+                for row in rates
+            ],
+            running=[
+                RunningBatch(
+                    id=row.id,
+                    model=row.model,
+                    org_id=row.org_id,
+                    weight=int(row.weight),
+                    remaining=max(0, int(row.remaining)),
+                    created_at=int(row.created_at),
+                    expires_at=int(row.expires_at),
+                    estimate=row.estimated_completion_at,
+                )
+                for row in running
+            ],
+        )
+
+    async def apply_plan(self, plan: Plan) -> None:
+        b, ln, r = t.batches, t.lanes, t.model_rates
+        async with self.writing("storing a plan") as conn:
+            # Batches, then lanes, each in key order: the lock order of claims.py.
+            if plan.estimates:
+                await conn.execute(
+                    update(b)
+                    .where(b.c.id == bindparam("b_id"), b.c.status == BatchStatus.IN_PROGRESS)
+                    .values(estimated_completion_at=bindparam("b_eta")),
+                    [{"b_id": k, "b_eta": v} for k, v in sorted(plan.estimates.items())],
+                )
+            if plan.lanes:
+                await conn.execute(
+                    update(ln)
+                    .where(ln.c.model == bindparam("l_model"), ln.c.org_id == bindparam("l_org"))
+                    .values(
+                        served_mark=bindparam("l_mark"),
+                        share=bindparam("l_share"),
+                        urgent_by=bindparam("l_urgent"),
+                        # Relative: claims made since the plan read the lane still count.
+                        vtime=ln.c.vtime - bindparam("l_forgiven"),
+                    ),
+                    [
+                        {
+                            "l_model": lane.model,
+                            "l_org": lane.org_id,
+                            "l_mark": lane.served_mark,
+                            "l_share": lane.share,
+                            "l_urgent": lane.urgent_by,
+                            "l_forgiven": lane.forgiven,
+                        }
+                        for lane in sorted(plan.lanes, key=lambda x: (x.model, x.org_id))
+                    ],
+                )
+            for rate in plan.rates:
+                # A plan made earlier (by a planner that lost its lease) never overwrites a
+                # later measurement.
+                await conn.execute(
+                    self.dialect.upsert(
+                        r,
+                        {
+                            "model": rate.model,
+                            "rps": rate.rps,
+                            "observed_at": rate.observed_at,
+                            "served": rate.served,
+                            "busy": rate.busy,
+                        },
+                        key=[r.c.model],
+                        replace=["rps", "observed_at", "served", "busy"],
+                        where=r.c.observed_at < rate.observed_at,
+                    )
+                )
+
+    async def dispatch_shares(self) -> list[DispatchShare]:
+        ln, o = t.lanes, t.orgs
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(ln.c.model, o.c.name, ln.c.share)
+                    .join_from(ln, o, o.c.id == ln.c.org_id)
+                    .where(ln.c.share > 0)
+                    .order_by(ln.c.model, o.c.name)
+                )
+            ).all()
+        return [DispatchShare(row.model, row.name, float(row.share)) for row in rows]

@@ -1,0 +1,216 @@
+"""Weighted fair share decided in the claim, not per process: three worker processes on one
+PostgreSQL database give orgs weighted 1:3 and 1:1 their shares of the requests served, and a
+small batch submitted behind another org's 50,000-request backlog finishes about as fast as
+its fair share allows.
+
+Shares and times are counted from the receipts: each successful request's receipt carries the
+time its worker finished it, so the windows below are exact, whatever the polling lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.support import (
+    SimulatorProcess,
+    chat_line,
+    create_pg_database,
+    drop_pg_database,
+    free_port,
+    jsonl,
+    start_simulator_process,
+    wait_http,
+    write_sim_config,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+TOKEN = "admin-token-for-the-fair-share-e2e-0123456789"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+BACKLOG = 50_000
+HEAVY = 4_000
+SMALL = 1_000
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    url = await create_pg_database()
+    try:
+        yield url
+    finally:
+        await drop_pg_database(url)
+
+
+@pytest.fixture
+def fast_sim() -> Iterator[SimulatorProcess]:
+    process = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _serve(config: Path, role: str, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "backfill.cli", "serve", "--role", role, "--config", str(config)]
+    if port is not None:
+        args += ["--port", str(port)]
+    with log.open("ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+
+class Api:
+    def __init__(self, port: int) -> None:
+        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120)
+
+    async def org(self, name: str, weight: int) -> dict[str, str]:
+        """Create an org with credit and this weight; its API headers."""
+        assert (
+            await self.client.post("/admin/v1/orgs", json={"name": name}, headers=ADMIN)
+        ).is_success
+        key = await self.client.post("/admin/v1/keys", json={"org": name}, headers=ADMIN)
+        assert key.status_code == 200, key.text
+        credit = {"org": name, "usd": "1000"}
+        assert (await self.client.post("/admin/v1/credits", json=credit, headers=ADMIN)).is_success
+        patched = await self.client.patch(
+            f"/admin/v1/orgs/{name}", json={"weight": weight}, headers=ADMIN
+        )
+        assert patched.json()["weight"] == weight, patched.text
+        return {"Authorization": f"Bearer {key.json()['key']}"}
+
+    async def submit(self, headers: dict[str, str], name: str, lines: int) -> str:
+        rows = [chat_line(f"{name}-{i}", f"{name} {i}") for i in range(lines)]
+        uploaded = await self.client.post(
+            "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", jsonl(rows), "application/jsonl")},
+            headers=headers,
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        created = await self.client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+            headers=headers,
+        )
+        assert created.status_code == 200, created.text
+        batch_id: str = created.json()["id"]
+        return batch_id
+
+
+async def finished_at(db: asyncpg.Connection, batch_id: str, nth: int) -> float | None:
+    """When the batch's ``nth`` request (in finishing order) finished; None if not yet."""
+    value = await db.fetchval(
+        "SELECT created_at FROM receipts WHERE batch_id = $1 ORDER BY created_at OFFSET $2 LIMIT 1",
+        batch_id,
+        nth - 1,
+    )
+    return None if value is None else float(value)
+
+
+async def served_between(db: asyncpg.Connection, batch_id: str, start: float, end: float) -> int:
+    count = await db.fetchval(
+        "SELECT count(*) FROM receipts WHERE batch_id = $1 AND created_at > $2"
+        " AND created_at <= $3",
+        batch_id,
+        start,
+        end,
+    )
+    return int(count)
+
+
+async def wait_for(
+    db: asyncpg.Connection, batch_id: str, nth: int, timeout_s: float = 120
+) -> float:
+    deadline = time.monotonic() + timeout_s
+    while (at := await finished_at(db, batch_id, nth)) is None:
+        assert time.monotonic() < deadline, f"{batch_id} did not reach {nth} in {timeout_s}s"
+        await asyncio.sleep(0.05)
+    return at
+
+
+async def test_three_workers_share_by_weight_and_a_small_batch_gets_its_share(
+    tmp_path: Path, pg_url: str, fast_sim: SimulatorProcess
+) -> None:
+    config = tmp_path / "fair.toml"
+    write_sim_config(
+        config,
+        fast_sim.base_url,
+        max_concurrency=8,
+        extra=f"""
+database_url = "{pg_url}"
+storage_url = "file://{tmp_path / "blobs"}"
+master_key = "{base64.b64encode(os.urandom(32)).decode()}"
+admin_token = "{TOKEN}"
+plan_interval_s = 0.5
+""",
+    )
+    processes: list[subprocess.Popen[bytes]] = []
+    db = await asyncpg.connect(pg_url)
+    try:
+        port = free_port()
+        processes.append(_serve(config, "api", tmp_path / "api.log", port))
+        wait_http(f"http://127.0.0.1:{port}/healthz", processes[0])
+        processes += [_serve(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
+        api = Api(port)
+        light = await api.org("light", 1)
+        heavy = await api.org("heavy", 3)
+        late = await api.org("late", 1)
+
+        # 1:3 while both have work: count each org's requests between the moment the heavy
+        # batch exists and the moment 85% of it is done.
+        backlog = await api.submit(light, "light", BACKLOG)
+        big = await api.submit(heavy, "heavy", HEAVY)
+        start = time.time()
+        end = await wait_for(db, big, int(HEAVY * 0.85))
+        got_light = await served_between(db, backlog, start, end)
+        got_heavy = await served_between(db, big, start, end)
+        share = got_heavy / (got_light + got_heavy)
+        print(f"\nthree workers, weights 1:3: heavy's share {share:.3f} of {got_light + got_heavy}")
+        assert got_light + got_heavy > HEAVY / 2
+        assert abs(share - 0.75) <= 0.05, (got_light, got_heavy)
+
+        # The heavy batch ends; the light backlog still holds tens of thousands of requests.
+        await wait_for(db, big, HEAVY)
+        submitted = time.time()
+        small = await api.submit(late, "late", SMALL)
+        done = await wait_for(db, small, SMALL)
+        ahead = await served_between(db, backlog, submitted, done)
+        assert await finished_at(db, backlog, BACKLOG) is None, "the backlog must outlast it"
+        # At its fair share (1 of 1 + 1) the small batch needs 2 x SMALL of the model's
+        # requests; it took what the model served from its submission to its last result.
+        ratio = (ahead + SMALL) / (2 * SMALL)
+        print(f"three workers: small batch took {ratio:.3f}x its fair-share time")
+        assert ratio <= 1.2, (ahead, SMALL)
+        # Equal weights while both ran: from its first result to 85% of them.
+        first = await wait_for(db, small, 1)
+        end = await wait_for(db, small, int(SMALL * 0.85))
+        got_late = await served_between(db, small, first, end)
+        got_light = await served_between(db, backlog, first, end)
+        share = got_late / (got_late + got_light)
+        print(f"three workers, weights 1:1: late's share {share:.3f} of {got_late + got_light}")
+        assert abs(share - 0.5) <= 0.05, (got_late, got_light)
+        await api.client.aclose()
+    finally:
+        await db.close()
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
