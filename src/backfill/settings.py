@@ -131,7 +131,7 @@ class EngineSettings(BaseModel):
     # The engine's sequence slots (vLLM --max-num-seqs); unset: AIMD on its queue.
     slots: int | None = Field(default=None, ge=1)
     headroom: float = Field(default=2.0, ge=0)
-    headroom_sigmas: float = Field(default=1.0, ge=0)
+    headroom_sigmas: float = Field(default=1.5, ge=0)
     kv_target: float = Field(default=0.9, gt=0, le=1)
     latency_tolerance: float = Field(default=1.5, gt=1)
 
@@ -194,7 +194,7 @@ class Settings(BaseSettings):
     # share a prompt prefix go to the same one, back to back (docs/scheduling.md).
     prefix_locality: bool = True
     # How often a shared engine's metrics are read while they can be.
-    pressure_interval_s: float = Field(0.25, gt=0)
+    pressure_interval_s: float = Field(0.1, gt=0)
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     max_unfinished_batches: int = 4

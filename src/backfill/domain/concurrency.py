@@ -53,7 +53,7 @@ class SharedTargets:
     """The engine's sequence slots (vLLM ``--max-num-seqs``); unknown: AIMD on its queue."""
     headroom: float = 2.0
     """Slots always kept free for interactive arrivals, on top of ``headroom_sigmas``."""
-    headroom_sigmas: float = 1.0
+    headroom_sigmas: float = 1.5
     """More free slots, in standard deviations of the interactive count (its square root,
     as for Poisson arrivals): busier engines swing more between two looks."""
     kv_target: float = 0.9

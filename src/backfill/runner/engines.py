@@ -43,7 +43,7 @@ class Sharing:
 
     limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
     probes: Mapping[str, PressureProbe] = field(default_factory=dict)
-    probe_interval_s: float = 0.25
+    probe_interval_s: float = 0.1
 
 
 class EngineSlot:
