@@ -74,9 +74,8 @@ class EngineSlot:
     def limit(self) -> int:
         """Requests this engine may have in flight now (its governor decides)."""
         governor = self.governor
-        if governor.paused_until and time.monotonic() < governor.paused_until:
-            return 0
-        return governor.limit
+        # Only an engine that was ever paused reads the clock: this runs on every start.
+        return governor.allowed(time.monotonic()) if governor.paused_until else governor.limit
 
     @property
     def prefetch(self) -> int:
