@@ -135,20 +135,21 @@ def prompt(i: int) -> dict[str, object]:
 async def test_replicas_claim_together_and_each_prefix_goes_to_one_of_them(kit: Kit) -> None:
     model = "m-replicated"
     await kit.batch(await make_org(kit.store), 60, body=prompt, model=model)
-    replicas = [ScriptedEngine(model, max_concurrency=10) for _ in range(3)]
+    replicas = [ScriptedEngine(model, max_concurrency=20) for _ in range(3)]
     for n, engine in enumerate(replicas):
         engine.name = f"replica-{n}"
     dispatch, pool, started = await dispatcher(kit, *replicas)
 
-    # One claim for the three: each fills its slots and its backlog.
-    assert await dispatch.dispatch_once() == 3 * (10 + 2)
-    assert all(s.in_flight == 10 and len(s.backlog) == 2 for s in pool.slots)
+    # One claim for the three takes every line; each prompt's ten lines go to one replica.
+    assert await dispatch.dispatch_once() == 60
     by_slot = {
         slot.engine.name: [
-            q.item.idx % 6 for q in (*started.by_slot[slot.engine.name], *slot.backlog)
+            q.item.idx % 6 for q in (*started.by_slot.get(slot.engine.name, ()), *slot.backlog)
         ]
         for slot in pool.slots
     }
+    assert sorted(p for prompts in by_slot.values() for p in set(prompts)) == list(range(6))
+    assert sum(len(prompts) for prompts in by_slot.values()) == 60
     # Lines of one prompt are sent back to back: each replica sees each prompt in one run.
     for prompts in by_slot.values():
         runs = [p for n, p in enumerate(prompts) if n == 0 or prompts[n - 1] != p]

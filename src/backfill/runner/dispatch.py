@@ -46,8 +46,8 @@ class Dispatcher:
         # Engines that serve the same models are replicas: they claim as one when locality
         # is on, each on its own otherwise (round robin, in effect).
         groups: dict[tuple[str, ...], list[EngineSlot]] = {}
-        for slot in pool.slots:
-            key = tuple(sorted(slot.engine.models)) if locality else (slot.engine.name,)
+        for n, slot in enumerate(pool.slots):
+            key = tuple(sorted(slot.engine.models)) if locality else (str(n),)
             groups.setdefault(key, []).append(slot)
         self._groups = list(groups.values())
 
@@ -102,12 +102,16 @@ class Dispatcher:
 
     async def _claim_for_replicas(self, slots: list[EngineSlot]) -> int:
         """One claim for replicas of the same models, each line sent where its prefix goes."""
-        room = [slot.wanted for slot in slots]
-        if sum(room) < min(slot.claim_threshold for slot in slots):
+        wanted = [slot.wanted for slot in slots]
+        if sum(wanted) < min(slot.claim_threshold for slot in slots):
             return 0
-        queued = await self._claim(slots[0].engine.models, sum(room))
+        queued = await self._claim(slots[0].engine.models, sum(wanted))
         keys = await asyncio.gather(*(_key(q) for q in queued))
         ordered = sorted(zip(keys, queued, strict=True), key=lambda pair: pair[0])
+        # A replica may take up to one more prefetch's worth than it wants, so a prefix is
+        # not sent elsewhere (and missed in its cache) for want of one slot this round; its
+        # backlog stays bounded, and the others claim again as soon as they want more.
+        room = [w + slot.prefetch for w, slot in zip(wanted, slots, strict=True)]
         picks = assign([k for k, _ in ordered], [s.engine.name for s in slots], room)
         shares: list[list[Queued]] = [[] for _ in slots]
         for pick, (_, q) in zip(picks, ordered, strict=True):
