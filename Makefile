@@ -39,10 +39,12 @@ test: check
 bench: $(STAMP)
 	PYTHONPATH=. $(PY) -m bench.validation
 	PYTHONPATH=. $(PY) -m bench.drain
-	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32
+	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32 --mode both
 	PYTHONPATH=. $(PY) -m bench.accept_1m
 	PYTHONPATH=. $(PY) -m bench.scale_workers
 	PYTHONPATH=. $(PY) -m bench.drain_curve
+	PYTHONPATH=. $(PY) -m bench.shared_engine
+	PYTHONPATH=. $(PY) -m bench.locality
 
 # One million-line batch, its rate per 5% of progress; writes docs/drain_curve.png.
 bench-drain-curve: $(STAMP)

@@ -10,7 +10,9 @@ The baseline sends every request straight to the engine with an aiohttp client h
 the same ``max_concurrency``; its time runs from batch creation (file already uploaded) to
 ``completed``. CPU seconds of the Backfill process are read from /proc over the same span.
 With ``--mode shared`` the engine is configured ``shared`` (docs/scheduling.md): with no live
-traffic on it, it should drain as fast as a dedicated one; ``--mode both`` runs the two.
+traffic on it, it should drain as fast as a dedicated one; ``--mode both`` runs the two,
+``--rounds`` times each in A-B-B-A order (so a drift of the machine over the run falls on both
+alike), and reports each mode's mean.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import mean
 
 import aiohttp
 import httpx
@@ -147,8 +150,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--mode", choices=["dedicated", "shared", "both"], default="dedicated")
+    parser.add_argument("--rounds", type=int, default=None, help="default: 2 with both, else 1")
     args = parser.parse_args()
     modes = ["dedicated", "shared"] if args.mode == "both" else [args.mode]
+    rounds = args.rounds or (2 if args.mode == "both" else 1)
+    order = [m for r in range(rounds) for m in (modes if r % 2 == 0 else modes[::-1])]
     if args.engine == "sim":
         engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
         model = MODEL
@@ -164,34 +170,37 @@ def main() -> None:
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
             base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
-            runs: dict[str, tuple[float, float]] = {}
-            for mode in modes:
+            measured: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+            for n, mode in enumerate(order):
                 config = sim_config(
                     work / f"{mode}.toml", url, args.concurrency, engine=f'mode = "{mode}"'
                 )
                 if model != MODEL:
                     text = config.read_text().replace(f'"{MODEL}"', f'"{model}"')
                     config.write_text(text)
-                runs[mode] = run_backfill(
-                    config,
-                    work / f"data-{mode}",
-                    work / f"server-{mode}.log",
-                    source,
-                    args.requests,
-                    # Polling costs the server CPU that a CPU-bound local engine would miss.
-                    poll_s=0.05 if args.engine == "sim" else 0.25,
+                measured[mode].append(
+                    run_backfill(
+                        config,
+                        work / f"data-{n}",
+                        work / f"server-{n}.log",
+                        source,
+                        args.requests,
+                        # Polling costs the server CPU that a CPU-bound local engine would miss.
+                        poll_s=0.05 if args.engine == "sim" else 0.25,
+                    )
                 )
     finally:
         stop(engine)
     n = args.requests
     print(
         f"engine: {args.engine}, {n} requests, concurrency {args.concurrency}, "
-        f"max_tokens {args.max_tokens}"
+        f"max_tokens {args.max_tokens}" + (f", {rounds} rounds (means)" if rounds > 1 else "")
     )
     print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
     print(
         f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests"
     )
+    runs = {m: (mean(t for t, _ in ts), mean(c for _, c in ts)) for m, ts in measured.items()}
     for mode, (backfill_s, cpu) in runs.items():
         label = "backfill up" if mode == "dedicated" else f"backfill up ({mode})"
         print(
