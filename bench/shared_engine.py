@@ -1,17 +1,21 @@
 """A shared engine: interactive latency and batch throughput, Backfill dedicated vs shared.
 
-    PYTHONPATH=. python -m bench.shared_engine                    # about 5 minutes
+    PYTHONPATH=. python -m bench.shared_engine                    # about 7 minutes
     PYTHONPATH=. python -m bench.shared_engine --window 8 --levels 0.3,0.9   # a quick look
 
 One simulated continuous-batching engine with 64 sequence slots (``backfill simulate
 --slots 64``) serves open-loop interactive traffic (Poisson arrivals, streamed, from
-``bench.interactive_load``) at 30%, 60% and 90% of its capacity, three ways in one run:
+``bench.interactive_load``) at 30%, 60% and 90% of its capacity, four ways in one run:
 
 - **alone**: the interactive load and nothing else — the baseline;
 - **dedicated**: beside Backfill draining a 50,000-request batch with the engine configured
   ``dedicated`` (filled up to ``max_concurrency`` = the engine's 64 slots);
 - **shared**: the same with the engine ``shared`` (batch work follows the engine's vLLM
-  metrics and takes only what the interactive load leaves; docs/scheduling.md).
+  metrics and takes only what the interactive load leaves; docs/scheduling.md);
+- **priority**: ``shared`` with ``priority = 10``: the engine runs vLLM's priority scheduling
+  (``--scheduling-policy priority``), so people's requests (priority 0) queue ahead of
+  Backfill's and preempt them, and Backfill keeps no headroom free. Where every request has
+  the same priority (the other modes), that engine is first come, first served.
 
 Each level runs for ``--window`` seconds after a short settling time. Interactive p50/p99
 time to first token is compared with its value alone; batch throughput with the capacity the
@@ -64,6 +68,7 @@ def simulator_args() -> list[str]:
         *("--prefill-ms-per-token", str(PREFILL_MS)),
         *("--output-tokens", "256"),
         *("--model-name", MODEL),
+        *("--scheduling-policy", "priority"),
     ]
 
 
@@ -172,7 +177,7 @@ def run_mode(
     tuning: str = "",
     extra: str = "",
 ) -> list[Row]:
-    engine = _engine_settings(mode) + ("\n" + tuning if mode == "shared" else "")
+    engine = _engine_settings(mode) + ("\n" + tuning if mode != "dedicated" else "")
     config = sim_config(work / f"{mode}.toml", url, SLOTS, extra=extra, engine=engine)
     process, base, key = start_backfill(config, work / f"data-{mode}", work / f"{mode}.log")
     try:
@@ -187,13 +192,14 @@ def run_mode(
 def _engine_settings(mode: str) -> str:
     if mode == "dedicated":
         return 'mode = "dedicated"'
-    return f'mode = "shared"\nsignal = "vllm"\nslots = {SLOTS}'
+    shared = f'mode = "shared"\nsignal = "vllm"\nslots = {SLOTS}'
+    return shared + "\npriority = 10" if mode == "priority" else shared
 
 
 def plot(rows: list[Row], path: Path) -> None:
     fig = Figure(figsize=(10, 4))
     left, right = fig.subplots(1, 2)
-    for mode, marker in (("alone", "o"), ("dedicated", "s"), ("shared", "^")):
+    for mode, marker in (("alone", "o"), ("dedicated", "s"), ("shared", "^"), ("priority", "D")):
         points = sorted((r.level, r) for r in rows if r.mode == mode and r.level > 0)
         if points:
             levels = [100 * level for level, _ in points]
@@ -214,7 +220,7 @@ def plot(rows: list[Row], path: Path) -> None:
     left.legend(loc="best")
     free = {r.level: r.batch_rps for r in rows if r.mode == "dedicated" and r.level == 0}
     capacity = free.get(0.0, 0.0)
-    for mode, marker in (("dedicated", "s"), ("shared", "^")):
+    for mode, marker in (("dedicated", "s"), ("shared", "^"), ("priority", "D")):
         rates = sorted((r.level, r.batch_rps) for r in rows if r.mode == mode)
         right.plot([100 * lv for lv, _ in rates], [v for _, v in rates], marker=marker, label=mode)
     if capacity:
@@ -257,12 +263,13 @@ def report(rows: list[Row]) -> None:
             f"{r.mode:<10} {100 * r.level:4.0f}% {interactive_rate(r.level):7.1f} {ttft} "
             f"{ratio:>9} {r.batch_rps:8.1f} {share:>7}"
         )
-    shared_idle = next((r.batch_rps for r in rows if r.mode == "shared" and r.level == 0), 0.0)
-    if capacity:
-        print(
-            f"no interactive traffic: shared drains at {shared_idle / capacity:.2f}x of "
-            "dedicated (target >= 0.95x)"
-        )
+    for mode in ("shared", "priority"):
+        idle = next((r.batch_rps for r in rows if r.mode == mode and r.level == 0), None)
+        if capacity and idle is not None:
+            print(
+                f"no interactive traffic: {mode} drains at {idle / capacity:.2f}x of "
+                "dedicated (target >= 0.95x)"
+            )
     print("targets for shared: p99/alone <= 1.10x at every load; 'of free' >= 0.80")
 
 
@@ -270,8 +277,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--window", type=float, default=20.0, help="seconds per load level")
     parser.add_argument("--levels", default="0.3,0.6,0.9")
-    parser.add_argument("--modes", default="alone,dedicated,shared")
-    parser.add_argument("--plot", type=Path, default=Path("docs/shared_engine.png"))
+    parser.add_argument("--modes", default="alone,dedicated,shared,priority")
+    parser.add_argument(
+        "--plot",
+        type=lambda s: Path(s) if s else None,
+        default=Path("docs/shared_engine.png"),
+        help='where the PNG goes; "" for none',
+    )
     parser.add_argument("--extra", default="", help="more top-level settings of Backfill")
     parser.add_argument(
         "--tuning", default="", help='more settings of the shared engine, e.g. "headroom = 4"'
@@ -290,7 +302,7 @@ def main() -> None:
             )
             if "alone" in modes:
                 rows += [measure(url, "alone", level, args.window, None) for level in levels]
-            for mode in ("dedicated", "shared"):
+            for mode in ("dedicated", "shared", "priority"):
                 if mode in modes:
                     rows += run_mode(
                         mode, url, work, source, levels, args.window, args.tuning, args.extra

@@ -184,6 +184,7 @@ def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess], Sh
             request_timeout_s=spec.request_timeout_s,
             connect_timeout_s=spec.connect_timeout_s,
             api_key=spec.api_key,
+            priority=spec.priority,
         )
         engines.append(engine)
         limits[spec.name] = _limit(spec)
@@ -200,6 +201,7 @@ def _limit(spec: EngineSettings) -> ConcurrencyLimit:
         headroom_sigmas=spec.headroom_sigmas,
         kv_target=spec.kv_target,
         latency_tolerance=spec.latency_tolerance,
+        engine_priority=spec.priority is not None,
     )
     return ConcurrencyLimit(spec.max_concurrency, spec.mode, targets)
 

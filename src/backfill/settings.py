@@ -134,6 +134,11 @@ class EngineSettings(BaseModel):
     headroom_sigmas: float = Field(default=1.5, ge=0)
     kv_target: float = Field(default=0.9, gt=0, le=1)
     latency_tolerance: float = Field(default=1.5, gt=1)
+    # vLLM's request priority for Backfill's requests (lower is served first; people's
+    # requests carry 0). For an engine started with --scheduling-policy priority: batch
+    # requests then queue behind people's and are preempted for them, so a shared engine
+    # keeps no headroom free.
+    priority: int | None = None
 
 
 class Settings(BaseSettings):

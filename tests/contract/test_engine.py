@@ -157,6 +157,24 @@ async def test_http_model_rename_reaches_the_engine(
     assert sim[1].stats.models[CATALOG_NAME] == 0
 
 
+async def test_http_priority_setting_is_sent_with_every_request() -> None:
+    # A first-come-first-served engine refuses a priority (as vLLM does): proof it was sent.
+    fcfs = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
+    queue = SimulatorConfig(
+        ttft_ms=1, itl_ms=0, output_tokens=4, slots=4, scheduling_policy="priority"
+    )
+    for config, status in ((fcfs, 400), (queue, 200)):
+        async with running_simulator(config) as (url, _):
+            engine = OpenAIHttpEngine("sim", url, {CATALOG_NAME: SERVED_NAME}, priority=5)
+            try:
+                reply = await engine.send(CHAT, CATALOG_NAME, chat_body())
+            finally:
+                await engine.close()
+        assert reply.status == status, reply.body
+        if status == 400:
+            assert "Got priority 5" in error_body(reply.body)["error"]["message"]
+
+
 async def test_http_completions_endpoint(http_engine: OpenAIHttpEngine) -> None:
     body = {"model": CATALOG_NAME, "prompt": "once upon a time", "max_tokens": 4}
     reply = await http_engine.send("/v1/completions", CATALOG_NAME, body)

@@ -53,6 +53,7 @@ ERROR_CODES = {
     "invalid_value",
     "duplicate_custom_id",
     "streaming_unsupported",
+    "unsupported_parameter",
     "invalid_url",
     "model_not_found",
     "mixed_models",

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -247,6 +248,10 @@ async def test_a_client_that_leaves_frees_its_slot() -> None:
         ({"max_tokens": "7"}, "max_tokens"),
         ({"max_tokens": -1}, "max_tokens"),
         ({"max_completion_tokens": 2.5}, "max_completion_tokens"),
+        ({"priority": "1"}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": 10}, "priority"),  # fcfs, the default policy
     ],
 )
 @pytest.mark.parametrize("slots", [0, 2])
@@ -267,6 +272,92 @@ async def test_a_body_that_is_not_an_object_is_refused() -> None:
         response = await client.http.post(client.url + "/chat/completions", json=[1, 2])
     assert response.status_code == 400
     assert "object" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("slots", [0, 2])
+async def test_fcfs_refuses_a_priority_other_than_zero_in_vllms_words(slots: int) -> None:
+    async with client_for(SimulatorConfig(ttft_ms=1, itl_ms=0, slots=slots)) as (client, _):
+        refused = await client.post(chat("hello", priority=-3))
+        accepted = await client.post(chat("hello", priority=0), path="/completions")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == (
+        "Got priority -3 but Priority scheduling is not enabled."
+    )
+    assert accepted.status_code == 200
+
+
+@pytest.mark.parametrize("priority", ["1", 2.0, None])
+async def test_priority_scheduling_refuses_a_priority_that_is_not_an_integer(
+    priority: Any,
+) -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=0, slots=2, scheduling_policy="priority")
+    async with client_for(config) as (client, _):
+        response = await client.post(chat("hello", priority=priority))
+    # vLLM's request model has ``priority: int = 0``: null is refused too.
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "priority"
+
+
+async def stream_tokens(client: Client, body: dict[str, Any], started: asyncio.Event) -> int:
+    """Read a streamed chat answer; set ``started`` at its first token; count its tokens."""
+    tokens = 0
+    finish = None
+    async with client.http.stream("POST", client.url + "/chat/completions", json=body) as reply:
+        assert reply.status_code == 200
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choice = orjson.loads(line[6:])["choices"][0]
+            tokens += len((choice["delta"].get("content") or "").split())
+            finish = choice["finish_reason"] or finish
+            if tokens:
+                started.set()
+    assert finish == "length"
+    return tokens
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_urgent_request_preempts_and_the_victim_still_gets_every_token(
+    stream: bool,
+) -> None:
+    config = SimulatorConfig(
+        ttft_ms=5, itl_ms=5, output_tokens=1000, slots=1, scheduling_policy="priority"
+    )
+    async with client_for(config) as (client, simulator):
+        started = asyncio.Event()
+        done: list[str] = []
+        low_body = chat("background job", 100, priority=5, stream=stream)
+
+        async def low() -> int:
+            if stream:
+                tokens = await stream_tokens(client, low_body, started)
+            else:
+                _, data = await client.timed(low_body)
+                assert data["choices"][0]["message"]["content"] == " ".join(["tok"] * 100)
+                tokens = data["usage"]["completion_tokens"]
+            done.append("low")
+            return tokens
+
+        async def decoding() -> bool:
+            return (await client.metrics())["vllm:generation_tokens_total"] >= 3
+
+        background = asyncio.create_task(low())
+        if stream:
+            await asyncio.wait_for(started.wait(), 10)
+        await wait_for(decoding)
+        _, urgent = await client.timed(chat("urgent", 10, priority=0))
+        done.append("urgent")
+        assert await background == 100
+        metrics = await client.metrics()
+    assert urgent["usage"]["completion_tokens"] == 10
+    assert done == ["urgent", "low"]
+    assert metrics["vllm:num_preemptions_total"] == 1
+    assert metrics["vllm:generation_tokens_total"] == 110
+    assert metrics["vllm:time_to_first_token_seconds_count"] == 2
+    assert metrics["vllm:num_requests_running"] == metrics["vllm:num_requests_waiting"] == 0
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert simulator.model is not None
+    assert simulator.model.held_tokens() == 0
 
 
 async def test_requests_timed_alone_show_their_queue_in_metrics() -> None:

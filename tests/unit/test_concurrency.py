@@ -38,6 +38,16 @@ def test_known_slots_leave_interactive_requests_and_headroom_free() -> None:
     assert limit.limit == math.floor(64 - 20 - 2 - math.sqrt(20))
 
 
+def test_an_engine_that_serves_people_first_needs_no_headroom() -> None:
+    limit = ConcurrencyLimit(64, Mode.SHARED, SharedTargets(slots=64, engine_priority=True))
+    # 20 interactive; 4 of Backfill's 30 were preempted and wait: they count as its own.
+    limit.on_pressure(Pressure(running=46, waiting=4), own=30)
+    assert limit.pressure == 20
+    assert limit.limit == 44
+    limit.on_pressure(Pressure(running=64, waiting=30), own=30)
+    assert limit.limit == 0
+
+
 def test_waiting_interactive_requests_count_and_a_full_engine_gives_nothing() -> None:
     limit = shared(64, slots=64)
     limit.on_pressure(Pressure(running=64, waiting=10), own=0)
@@ -97,6 +107,44 @@ def test_latency_aimd_backs_off_on_inflation_and_grows_back_when_it_clears() -> 
     assert limit.limit >= 1
     # Its floor is the last minute's: an engine slower for good is the new normal.
     assert limit.pressure < 1.5
+
+
+def one_sequence_engine(limit: ConcurrencyLimit, seconds: float) -> float:
+    """Drive the latency signal as an engine that runs one request at a time: each of
+    Backfill's requests takes as long as the number in flight times 0.25 s. Returns the
+    share of the time spent above one request in flight."""
+    now, above = 0.0, 0.0
+    while now < seconds:
+        took = 0.25 * (limit.limit if now else 1)  # the first one finds the engine idle
+        now += 0.25  # one request completes per 0.25 s, whatever the limit
+        above += 0.25 if limit.limit > 1 else 0.0
+        limit.on_latency(took, output_tokens=0, now=now)
+    return above / seconds
+
+
+def test_latency_signal_does_not_keep_probing_a_level_that_inflates() -> None:
+    limit = shared(2, latency_tolerance=1.5)
+    # Every other round at 2 would be half the time; the ceiling's growing wait makes it rare.
+    assert one_sequence_engine(limit, 600.0) < 0.1
+    assert limit.limit == 1
+
+
+def test_latency_signal_climbs_past_an_old_ceiling_once_the_engine_clears() -> None:
+    limit = shared(64, latency_tolerance=1.5)
+    now = 0.0
+    for _ in range(80):  # at the floor: grows
+        now += 0.05
+        limit.on_latency(0.1, output_tokens=0, now=now)
+    high = limit.limit
+    for _ in range(3 * high):  # people arrive: latency triples
+        now += 0.05
+        limit.on_latency(0.3, output_tokens=0, now=now)
+    assert limit.limit < high
+    for _ in range(400):  # they leave: back to the floor; within the minute it is past
+        now += 0.05
+        limit.on_latency(0.1, output_tokens=0, now=now)
+    assert now < 30.0
+    assert limit.limit > high
 
 
 def test_overload_halves_and_pauses_until_retry_after() -> None:

@@ -415,6 +415,13 @@ def test_stream_true_is_streaming_unsupported() -> None:
     assert_error(reject(chat(stream=True)), "streaming_unsupported", "body.stream")
 
 
+@pytest.mark.parametrize("value", [0, 10, None, "high"])
+def test_a_requests_own_priority_is_refused(value: Any) -> None:
+    error = reject(chat(priority=value))
+    assert_error(error, "unsupported_parameter", "body.priority")
+    assert "Remove the field" in error.message
+
+
 def test_stream_true_on_completions_is_streaming_unsupported() -> None:
     assert_error(reject(completion(stream=True)), "streaming_unsupported", "body.stream")
 

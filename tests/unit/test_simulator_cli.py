@@ -49,6 +49,20 @@ def test_batching_options_reach_the_config(
     assert (batching.kv_capacity_tokens, batching.block_tokens) == (500_000, 32)
     assert batching.prefix_cache_blocks == 4096
     assert started[0][0].model_name == "org/model"
+    assert batching.priority_scheduling is False
+
+
+def test_the_priority_scheduling_policy_reaches_the_model(
+    started: list[tuple[SimulatorConfig, str, int]],
+) -> None:
+    args = ["simulate", "--slots", "8", "--scheduling-policy", "priority"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = started[0][0]
+    assert config.scheduling_policy == "priority"
+    batching = config.batching()
+    assert batching is not None
+    assert batching.priority_scheduling is True
 
 
 @pytest.mark.parametrize(
@@ -59,6 +73,8 @@ def test_batching_options_reach_the_config(
         (["--itl-growth", "1"], "itl_growth only act with slots"),
         (["--slots", "-1"], "--slots"),
         (["--slots", "2", "--block-tokens", "0"], "--block-tokens"),
+        (["--scheduling-policy", "priority"], "scheduling_policy=priority only act with slots"),
+        (["--slots", "2", "--scheduling-policy", "lifo"], "--scheduling-policy"),
     ],
 )
 def test_bad_mixes_are_refused(

@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 import uvicorn
@@ -224,6 +224,14 @@ def simulate(
             min=0, help="Prefix cache size in blocks, LRU; 0 = no prefix cache. Needs --slots."
         ),
     ] = 0,
+    scheduling_policy: Annotated[
+        Literal["fcfs", "priority"],
+        typer.Option(
+            help="vLLM's --scheduling-policy. fcfs refuses a request whose priority is not 0; "
+            "priority (needs --slots) serves lower 'priority' values first and preempts running "
+            "requests of a worse priority.",
+        ),
+    ] = "fcfs",
     model_name: Annotated[
         str, typer.Option(help="Served model name: /v1/models and the metrics' model_name.")
     ] = "simulated",
@@ -247,6 +255,7 @@ def simulate(
             kv_capacity_tokens=kv_capacity_tokens,
             block_tokens=block_tokens,
             prefix_cache_blocks=prefix_cache_blocks,
+            scheduling_policy=scheduling_policy,
             model_name=model_name,
         )
     except ValueError as exc:

@@ -60,6 +60,9 @@ class SharedTargets:
     """Above this KV-cache use Backfill starts nothing new."""
     latency_tolerance: float = 1.5
     """Latency over its floor (per output token) above which the latency signal backs off."""
+    engine_priority: bool = False
+    """The engine queues people ahead of Backfill and preempts Backfill's requests for them
+    (vLLM's priority scheduling, with a batch ``priority`` set): no headroom is needed."""
 
 
 # The latency signal: samples per round at least, and the floor's memory.
@@ -70,6 +73,11 @@ _FLOOR_BUCKETS = 6
 _CLEAR = 1.2
 _DECREASE = 0.75
 _OVERLOAD_DECREASE = 0.5
+# A level whose latency inflated is not tried again for this long, twice as long each time
+# it inflates again: probing it every other round would keep a one-sequence engine's
+# queue (llama.cpp) full half of the time.
+_CEILING_MIN_S = 5.0
+_CEILING_MAX_S = 60.0
 
 
 class ConcurrencyLimit:
@@ -89,6 +97,9 @@ class ConcurrencyLimit:
         self.paused_until = 0.0
         self._samples: list[float] = []
         self._floors: deque[tuple[float, float]] = deque()
+        self._ceiling = 0
+        self._ceiling_until = 0.0
+        self._ceiling_wait_s = _CEILING_MIN_S
 
     @property
     def shared(self) -> bool:
@@ -108,7 +119,10 @@ class ConcurrencyLimit:
         interactive = max(0.0, pressure.running + pressure.waiting - own)
         self.pressure = interactive
         slots = self.targets.slots or pressure.slots
-        if slots:
+        if slots and self.targets.engine_priority:
+            # People go first inside the engine: fill what they leave, queueing included.
+            limit = math.floor(slots - interactive)
+        elif slots:
             spare = slots - interactive - self._headroom(interactive)
             limit = math.floor(spare)
             if pressure.waiting > 0:
@@ -151,11 +165,19 @@ class ConcurrencyLimit:
         self.pressure = inflation
         before = self.limit
         if inflation > self.targets.latency_tolerance:
-            self.limit = max(1, math.floor(self.limit * _DECREASE))
-        elif inflation < _CLEAR:
-            self.limit = min(self.maximum, self.limit + max(1, self.limit // 4))
-        else:
-            self.limit = min(self.maximum, self.limit + 1)
+            self.limit = max(1, math.floor(before * _DECREASE))
+            if before > 1:
+                # A level that inflated again after its wait waits twice as long next time.
+                again = before >= self._ceiling > 0
+                wait = min(_CEILING_MAX_S, 2 * self._ceiling_wait_s) if again else _CEILING_MIN_S
+                self._ceiling, self._ceiling_until, self._ceiling_wait_s = before, now + wait, wait
+            return self.limit != before
+        if self._ceiling and before >= self._ceiling:
+            self._ceiling = 0  # the level that inflated held this time
+        grown = before + max(1, before // 4) if inflation < _CLEAR else before + 1
+        if self._ceiling and now < self._ceiling_until:
+            grown = max(before, min(grown, self._ceiling - 1))
+        self.limit = min(self.maximum, grown)
         return self.limit != before
 
     def on_overload(self, retry_after_s: float | None, now: float) -> None:

@@ -20,6 +20,7 @@ COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = frozenset({CHAT_URL, COMPLETIONS_URL})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_CUSTOM_ID_BYTES = 128
+_UNSET = msgspec.UNSET
 
 
 class ContentPart(msgspec.Struct):
@@ -38,6 +39,8 @@ class Body(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stream: bool | None = None
+    priority: Any = msgspec.UNSET
+    """Refused: the operator's engine settings set it (docs/scheduling.md)."""
 
 
 class RequestLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -190,6 +193,7 @@ class LineValidator:
                 or req.url != endpoint
                 or body.model != model_name
                 or body.stream
+                or body.priority is not _UNSET
                 or limit is None
                 or not 0 < limit <= max_tokens
                 or (messages is None if chat else body.prompt is None)
@@ -331,6 +335,15 @@ class LineValidator:
                 "whole in the output file.",
                 line=line_no,
                 param="body.stream",
+            )
+        if body.priority is not _UNSET:
+            raise LineError(
+                "unsupported_parameter",
+                f"Line {line_no}: 'body.priority' is not accepted in a batch; Backfill sets the "
+                "engines' request priority itself, so that batch work yields to interactive "
+                "traffic. Remove the field.",
+                line=line_no,
+                param="body.priority",
             )
         limit_field = (
             "max_completion_tokens" if body.max_completion_tokens is not None else ("max_tokens")

@@ -40,8 +40,11 @@ class OpenAIHttpEngine:
         request_timeout_s: float = 600.0,
         connect_timeout_s: float = 5.0,
         api_key: str | None = None,
+        priority: int | None = None,
     ) -> None:
         self.name = name
+        # Sent with every request (vLLM priority scheduling; docs/scheduling.md).
+        self._priority = priority
         self.base_url = base_url.rstrip("/")
         # Engines are configured with or without the /v1 suffix; request paths carry it.
         self._root = self.base_url.removesuffix("/v1")
@@ -79,6 +82,8 @@ class OpenAIHttpEngine:
         payload = dict(body)
         payload["model"] = self._models.get(model, model)
         payload.pop("stream", None)
+        if self._priority is not None:
+            payload["priority"] = self._priority
         url = self._root + path
         try:
             # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.

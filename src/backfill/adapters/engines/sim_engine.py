@@ -6,7 +6,9 @@ time and wakes the requests that progressed. A late timer loses no tokens: ``adv
 every step that was due, each at its own model time.
 
 Non-streaming requests wake once, when their last token is out; streaming requests also wake
-after each batch of decode steps to write their new tokens.
+after each batch of decode steps to write their new tokens. A preempted streaming request
+stays among the streams: it finds no new token while it waits and is prefilled again, and
+is woken when its prefill ends with its next token (its client sees a pause).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class EngineLoop:
     def _deliver(self, progress: Progress) -> None:
         # First tokens before finishes: a request that ends at its first token joins the
         # streams and leaves them again in the same call.
-        for seq in progress.first_tokens:
+        for seq in (*progress.first_tokens, *progress.resumed):
             ticket = self._tickets.get(seq)
             if ticket is not None and ticket.progress is not None:
                 # From now on each decode step brings this stream a token.

@@ -52,6 +52,7 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     """Requests that ended with all their tokens, by finish reason (``stop``, ``length``)."""
     ttft: Histogram | None = None
@@ -104,6 +105,9 @@ def render(snapshot: EngineSnapshot, model_name: str) -> str:
     )
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens)
     counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
+    counter(
+        "vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions
+    )
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason in sorted({"stop", "length", *s.finished}):
         out.append(

@@ -6,7 +6,8 @@ Two timing models (``docs/simulator.md`` has the formulas and every option):
   capped at ``max_concurrency`` requests at a time;
 - with ``slots > 0``, continuous batching as in vLLM (``sim_model``): a FIFO queue for slots,
   prefill per uncached prompt token, one decode step loop whose steps slow down as more
-  sequences run, and an optional prefix cache.
+  sequences run, an optional prefix cache, and optionally vLLM's priority scheduling (a
+  request's ``priority`` orders the queue and preempts running requests of worse priority).
 
 Prompt tokens are the whitespace-separated words of the prompt text. Both models stream
 (``"stream": true``) and publish vLLM's metric names on ``/metrics``.
@@ -25,7 +26,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from aiohttp import web
@@ -57,6 +58,9 @@ class SimulatorConfig:
     kv_capacity_tokens: int = 262_144
     block_tokens: int = 16
     prefix_cache_blocks: int = 0
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """vLLM's ``--scheduling-policy``: ``fcfs`` refuses a request whose priority is not 0;
+    ``priority`` (needs slots) serves lower priority values first and preempts."""
     model_name: str = "simulated"
 
     def __post_init__(self) -> None:
@@ -64,10 +68,13 @@ class SimulatorConfig:
             raise ValueError("slots and max_concurrency must not be negative")
         if self.slots and self.max_concurrency:
             raise ValueError("slots replaces max_concurrency: set one of them, not both")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be fcfs or priority")
         batched_only = {
             "prefill_ms_per_token": self.prefill_ms_per_token,
             "itl_growth": self.itl_growth,
             "prefix_cache_blocks": self.prefix_cache_blocks,
+            "scheduling_policy=priority": self.scheduling_policy == "priority",
         }
         unused = [name for name, value in batched_only.items() if value and not self.slots]
         if unused:
@@ -86,6 +93,7 @@ class SimulatorConfig:
             kv_capacity_tokens=self.kv_capacity_tokens,
             block_tokens=self.block_tokens,
             prefix_cache_blocks=self.prefix_cache_blocks,
+            priority_scheduling=self.scheduling_policy == "priority",
         )
 
 
@@ -106,6 +114,7 @@ class _Ask:
     tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0
 
     @property
     def finish_reason(self) -> str:
@@ -133,7 +142,12 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else str(prompt)
 
 
-def _ask(body: dict[str, Any], directives: dict[str, str | None], output_tokens: int) -> _Ask:
+def _ask(
+    body: dict[str, Any],
+    directives: dict[str, str | None],
+    output_tokens: int,
+    priority_scheduling: bool = False,
+) -> _Ask:
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is not None and (
@@ -158,9 +172,17 @@ def _ask(body: dict[str, Any], directives: dict[str, str | None], output_tokens:
                     "stream_options.include_usage", "include_usage must be true or false"
                 )
             include_usage = value
+    priority = body.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise _BadRequest("priority", "priority must be an integer")
+    if priority != 0 and not priority_scheduling:
+        # vLLM's words, as its OpenAI server refuses it under --scheduling-policy fcfs.
+        raise _BadRequest(
+            "priority", f"Got priority {priority} but Priority scheduling is not enabled."
+        )
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     tokens = min(int(directives.get("tokens") or output_tokens), limit)
-    return _Ask(limit, tokens, bool(stream), include_usage)
+    return _Ask(limit, tokens, bool(stream), include_usage, priority)
 
 
 class Simulator:
@@ -246,7 +268,12 @@ class Simulator:
         text = _prompt_text(body)
         directives = {m.group(1): m.group(2) for m in _DIRECTIVE.finditer(text)}
         try:
-            ask = _ask(body, directives, self.config.output_tokens)
+            ask = _ask(
+                body,
+                directives,
+                self.config.output_tokens,
+                priority_scheduling=self.config.scheduling_policy == "priority",
+            )
         except _BadRequest as bad:
             return self._error(400, bad.message, param=bad.param)
         self.stats.models[str(body.get("model"))] += 1
@@ -394,6 +421,7 @@ class Simulator:
             else (),
             extra_prefill_s=float(directives.get("delay_ms") or 0) / 1000,
             finish_reason=ask.finish_reason,
+            priority=ask.priority,
         )
         stats = self.stats
         stats.in_flight += 1
