@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -179,3 +180,33 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def upload(client: httpx.Client, source: Path) -> str:
+    """Upload ``source`` as a batch input file; its id."""
+    body, content_type = multipart(source)
+    uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
+    uploaded.raise_for_status()
+    return str(uploaded.json()["id"])
+
+
+def create_batch(client: httpx.Client, file_id: str) -> dict[str, Any]:
+    created = client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    created.raise_for_status()
+    batch: dict[str, Any] = created.json()
+    return batch
+
+
+def wait_batch(client: httpx.Client, batch: dict[str, Any], poll_s: float = 0.1) -> dict[str, Any]:
+    """Poll ``batch`` until it ends; the ended batch."""
+    while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(poll_s)
+        batch = client.get(f"/v1/batches/{batch['id']}").json()
+    return batch

@@ -34,13 +34,15 @@ import orjson
 from bench.common import (
     MODEL,
     cpu_seconds,
+    create_batch,
     free_port,
-    multipart,
     request_line,
     sim_config,
     start_backfill,
     start_simulator,
     stop,
+    upload,
+    wait_batch,
     wait_http,
 )
 
@@ -86,24 +88,10 @@ def run_backfill(
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600
         )
-        body, content_type = multipart(source)
-        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-        uploaded.raise_for_status()
+        file_id = upload(client, source)
         cpu_before = cpu_seconds(process.pid)
         start = time.perf_counter()
-        created = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        )
-        created.raise_for_status()
-        batch = created.json()
-        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
-            time.sleep(poll_s)
-            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        batch = wait_batch(client, create_batch(client, file_id), poll_s)
         elapsed = time.perf_counter() - start
         cpu = cpu_seconds(process.pid) - cpu_before
         counts = batch["request_counts"]

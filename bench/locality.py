@@ -33,7 +33,15 @@ import httpx
 import orjson
 from matplotlib.figure import Figure
 
-from bench.common import MODEL, multipart, start_backfill, start_simulator, stop
+from bench.common import (
+    MODEL,
+    create_batch,
+    start_backfill,
+    start_simulator,
+    stop,
+    upload,
+    wait_batch,
+)
 
 REPLICAS = 3
 SLOTS = 64
@@ -115,21 +123,9 @@ def drain(name: str, settings: Path, work: Path, source: Path) -> Run:
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600
         )
-        body, content_type = multipart(source)
-        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-        uploaded.raise_for_status()
+        file_id = upload(client, source)
         start = time.perf_counter()
-        batch = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        ).json()
-        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
-            time.sleep(0.1)
-            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        batch = wait_batch(client, create_batch(client, file_id))
         seconds = time.perf_counter() - start
         if batch["status"] != "completed":
             raise RuntimeError(f"{name}: the batch ended {batch['status']}")

@@ -36,12 +36,14 @@ import httpx
 
 from bench.common import (
     cpu_seconds,
+    create_batch,
     free_port,
-    multipart,
     request_line,
     sim_config,
     start_simulator,
     stop,
+    upload,
+    wait_batch,
     wait_http,
 )
 
@@ -241,25 +243,13 @@ def drain(config: Path, workers: int, source: Path, total: int, primary: Primary
             timeout=600,
             headers={"Authorization": f"Bearer {key}"},
         )
-        body, content_type = multipart(source)
-        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-        uploaded.raise_for_status()
+        file_id = upload(client, source)
         procs += [serve(config, "worker") for _ in range(workers)]
         time.sleep(3)  # let the workers start and see their engine healthy
         pids = [process.pid for process in procs]
         before = primary.sample(pids, start=True)
         start = time.perf_counter()
-        batch = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        ).json()
-        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
-            time.sleep(0.1)
-            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        batch = wait_batch(client, create_batch(client, file_id))
         elapsed = time.perf_counter() - start
         after = primary.sample(pids, start=False)
         assert batch["request_counts"]["completed"] == total, batch

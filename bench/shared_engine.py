@@ -39,12 +39,13 @@ from matplotlib.figure import Figure
 
 from bench.common import (
     MODEL,
-    multipart,
+    create_batch,
     request_line,
     sim_config,
     start_backfill,
     start_simulator,
     stop,
+    upload,
 )
 from bench.interactive_load import run_interactive_load
 
@@ -110,19 +111,8 @@ class BatchWatch:
 
 def start_batch(base: str, key: str, source: Path) -> BatchWatch:
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600)
-    body, content_type = multipart(source)
-    uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-    uploaded.raise_for_status()
-    created = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": uploaded.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    )
-    created.raise_for_status()
-    return BatchWatch(base, key, created.json()["id"])
+    batch = create_batch(client, upload(client, source))
+    return BatchWatch(base, key, batch["id"])
 
 
 def measure(url: str, mode: str, level: float, window_s: float, watch: BatchWatch | None) -> Row:

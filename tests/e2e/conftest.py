@@ -6,12 +6,20 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import ServerProcess, free_port, wait_http
+from tests.support import (
+    ServerProcess,
+    SimulatorProcess,
+    create_pg_database,
+    drop_pg_database,
+    free_port,
+    start_simulator_process,
+    wait_http,
+)
 
 
 def spawn_up(port: int, data: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -40,3 +48,22 @@ def llama_server(tmp_path: Path) -> Iterator[ServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    url = await create_pg_database()
+    try:
+        yield url
+    finally:
+        await drop_pg_database(url)
+
+
+# A fast simulator for scale-out runs, where the engine must not be the bottleneck.
+@pytest.fixture
+def fast_sim() -> Iterator[SimulatorProcess]:
+    process = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -25,11 +24,8 @@ import pytest
 from tests.support import (
     SimulatorProcess,
     chat_line,
-    create_pg_database,
-    drop_pg_database,
     free_port,
     jsonl,
-    start_simulator_process,
     wait_http,
     write_sim_config,
 )
@@ -41,24 +37,6 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 BACKLOG = 50_000
 HEAVY = 4_000
 SMALL = 1_000
-
-
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    url = await create_pg_database()
-    try:
-        yield url
-    finally:
-        await drop_pg_database(url)
-
-
-@pytest.fixture
-def fast_sim() -> Iterator[SimulatorProcess]:
-    process = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def _serve(config: Path, role: str, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:

@@ -10,46 +10,23 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support import (
     TERMINAL,
     SimulatorProcess,
     chat_line,
-    create_pg_database,
-    drop_pg_database,
     free_port,
     jsonl,
     moto_endpoint,
     new_bucket,
-    start_simulator_process,
     wait_http,
     write_sim_config,
 )
 
 REQUESTS = 5000
-
-
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    url = await create_pg_database()
-    try:
-        yield url
-    finally:
-        await drop_pg_database(url)
-
-
-@pytest.fixture
-def fast_sim() -> Iterator[SimulatorProcess]:
-    process = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "8")
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def _config(tmp_path: Path, pg_url: str, sim_url: str) -> Path:
