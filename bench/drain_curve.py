@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 from bench.accept_1m import short_line
 from bench.common import (
     cpu_seconds,
+    create_batch,
     multipart,
     peak_rss_mb,
     sim_config,
@@ -104,18 +105,9 @@ def drain(
     cpu_before = cpu_seconds(pid)
     rss_before = rss_mb(pid)
     start = time.monotonic()
-    created = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": file_id,
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    )
-    created.raise_for_status()
     # Creating a large batch takes seconds, so its answer is a sample of its own, at the time
     # it came back; the one at t = 0 (nothing done, nothing known) only anchors the first.
-    batch = created.json()
+    batch = create_batch(client, file_id)
     batch_id = batch["id"]
     counts = batch["request_counts"]
     samples = [

@@ -389,6 +389,15 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every process at once, then wait for each (killing any that hangs)."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        _stop(process)
+
+
 # ---- PostgreSQL and S3 for the scale-out suites ---------------------------------------------
 
 PG_ADMIN_URL = os.environ.get("BACKFILL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

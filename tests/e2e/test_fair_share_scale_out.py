@@ -26,6 +26,7 @@ from tests.support import (
     chat_line,
     free_port,
     jsonl,
+    stop_all,
     wait_http,
     write_sim_config,
 )
@@ -184,11 +185,4 @@ plan_interval_s = 0.5
         await api.client.aclose()
     finally:
         await db.close()
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)

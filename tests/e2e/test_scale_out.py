@@ -22,6 +22,7 @@ from tests.support import (
     jsonl,
     moto_endpoint,
     new_bucket,
+    stop_all,
     wait_http,
     write_sim_config,
 )
@@ -140,11 +141,4 @@ def test_two_apis_three_workers_survive_a_worker_kill(
         assert ledger["balance"] == ledger["credits"] - ledger["charges"]
         assert ledger["reserved"] == 0
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
