@@ -24,7 +24,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def request_line(i: int, max_tokens: int = 64) -> bytes:
+def request_line(
+    i: int, max_tokens: int = 64, model: str = MODEL, temperature: float = 0.2
+) -> bytes:
     return (
         orjson.dumps(
             {
@@ -32,7 +34,7 @@ def request_line(i: int, max_tokens: int = 64) -> bytes:
                 "method": "POST",
                 "url": "/v1/chat/completions",
                 "body": {
-                    "model": MODEL,
+                    "model": model,
                     "messages": [
                         {"role": "system", "content": "You are a careful assistant."},
                         {
@@ -42,7 +44,7 @@ def request_line(i: int, max_tokens: int = 64) -> bytes:
                         },
                     ],
                     "max_tokens": max_tokens,
-                    "temperature": 0.2,
+                    "temperature": temperature,
                 },
             }
         )

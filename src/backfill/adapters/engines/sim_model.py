@@ -27,8 +27,7 @@ The life of one request (a ``Sequence``), with every duration in ``docs/simulato
 
 Steps cost O(1) plus the sequences that finish: a decoding sequence's token count is derived
 from the global step counter, not incremented one by one. With priority scheduling, a step
-whose queue head cannot start also looks at the distinct priorities running (a handful), and
-each preemption scans the slot holders for its victim.
+whose queue head cannot start scans the slot holders once for a request to preempt.
 """
 
 from __future__ import annotations
@@ -136,7 +135,6 @@ class BatchingModel:
         self._waiters = 0
         self._arrivals = itertools.count()
         self._holders: set[Sequence] = set()
-        self._holder_priorities: Counter[int] = Counter()
         # Heaps: (prefill end time, tie-breaker, seq) and (finish step, tie-breaker, seq).
         # A sequence aborted or preempted in the middle stays in its heap and is skipped when
         # popped: its phase or its ``entry`` no longer match.
@@ -300,9 +298,11 @@ class BatchingModel:
 
     def _preempt_for(self, seq: Sequence) -> bool:
         """Preempt the worst running request if its priority is worse than ``seq``'s."""
-        if not self._holder_priorities or max(self._holder_priorities) <= seq.priority:
+        if not self._holders:
             return False
         victim = max(self._holders, key=lambda h: (h.priority, h.arrival))
+        if victim.priority <= seq.priority:
+            return False
         out = self.generated(victim)
         self._generated_done += out - victim.resumed_tokens
         self._release(victim)
@@ -331,7 +331,6 @@ class BatchingModel:
         ) / 1000 + seq.extra_prefill_s
         seq.phase = Phase.PREFILL
         self._holders.add(seq)
-        self._holder_priorities[seq.priority] += 1
         self._held_prompt += tokens
         self.peak_running = max(self.peak_running, self.running)
         seq.entry = next(self._order)
@@ -384,9 +383,6 @@ class BatchingModel:
 
     def _release(self, seq: Sequence) -> None:
         self._holders.discard(seq)
-        self._holder_priorities[seq.priority] -= 1
-        if not self._holder_priorities[seq.priority]:
-            del self._holder_priorities[seq.priority]
         self._held_prompt -= self._prefill_tokens(seq)
         if seq.phase is Phase.DECODE:
             self._decoding -= 1
