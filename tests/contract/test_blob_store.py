@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -480,3 +481,29 @@ def test_sealed_records_need_the_same_context() -> None:
         keyring.open(sealed, b"batch_1/8")
     with pytest.raises(InvalidTag):
         Keyring(os.urandom(32)).open(sealed, b"batch_1/7")
+
+
+async def test_a_second_process_opening_the_store_keeps_a_write_in_progress(
+    tmp_path: Path,
+) -> None:
+    # An API and its workers share one blob directory; a worker starting mid-upload must not
+    # take the API's partial file away.
+    root = tmp_path / "blobs"
+    writer = await LocalRawStore(root).writer(KEY)
+    await writer.write(b"first half ")
+    LocalRawStore(root)
+    await writer.write(b"second half")
+    await writer.commit()
+    assert await LocalRawStore(root).read(KEY, 0, 22) == b"first half second half"
+
+
+def test_partial_writes_of_a_process_long_gone_are_removed_at_start(tmp_path: Path) -> None:
+    root = tmp_path / "blobs"
+    LocalRawStore(root)
+    old, fresh = root / ".tmp" / "old", root / ".tmp" / "fresh"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    day_ago = time.time() - 86_400
+    os.utime(old, (day_ago, day_ago))
+    LocalRawStore(root)
+    assert sorted(p.name for p in (root / ".tmp").iterdir()) == ["fresh"]

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Protocol
 
 from backfill.adapters.private import create_private, fsync_dir, private_dir
 from backfill.errors import NotFound, StorageError
+
+# A partial write untouched this long belongs to a process that is gone.
+_STALE_PARTIAL_S = 3600.0
 
 
 class RawWriter(Protocol):
@@ -77,9 +81,14 @@ class LocalRawStore:
         self._tmp = root / ".tmp"
         private_dir(root)
         private_dir(self._tmp)
-        # Partial writes of a process that died are garbage: nobody can reference them.
+        # Partial writes of a process that died are garbage: nobody can reference them. Only
+        # stale ones: other processes sharing this directory (an API beside its workers) may
+        # be writing theirs right now, and a write in progress touches its file.
+        stale = time.time() - _STALE_PARTIAL_S
         for leftover in self._tmp.iterdir():
-            leftover.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if leftover.stat().st_mtime < stale:
+                    leftover.unlink(missing_ok=True)
 
     def _path(self, key: str) -> Path:
         if ".." in key.split("/") or key.startswith("/"):
