@@ -17,10 +17,15 @@ from pydantic_settings import (
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.concurrency import Mode
+from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS, EMBEDDINGS_URL
 from backfill.domain.money import Prices
 
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL_ENGINE = "local-llama-cpp"
+# The bundled GGUF again, served by a second llama.cpp process in embedding mode: a catalog
+# entry of its own, since a batch pins one model and the engine that serves it.
+LOCAL_EMBEDDING_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct-embedding"
+LOCAL_EMBEDDING_ENGINE = "local-llama-cpp-embedding"
 LOCAL_CONTEXT = 2048
 # The admin token is the one secret a person picks (API keys are 256 random bits), so it has a
 # floor: 32 characters, such as the output of `openssl rand -hex 32`.
@@ -34,6 +39,10 @@ DEFAULT_MODALITIES = ("text",)
 
 def default_modalities() -> list[str]:
     return list(DEFAULT_MODALITIES)
+
+
+def default_endpoints() -> list[str]:
+    return sorted(DEFAULT_MODEL_ENDPOINTS)
 
 
 # The file Settings.from_file reads. pydantic-settings builds its sources in a classmethod that
@@ -60,6 +69,9 @@ class ModelSettings(BaseModel):
     modalities: list[str] = Field(default_factory=default_modalities)
     batch: PricingSettings | None = None
     throughput_tokens_per_s: int | None = None
+    # The batch endpoints its engines serve (e.g. add "/v1/responses" for vLLM, or list only
+    # "/v1/embeddings" for an embedding model).
+    endpoints: list[str] = Field(default_factory=default_endpoints)
 
 
 class DeploymentSettings(BaseModel):
@@ -73,6 +85,7 @@ class DeploymentSettings(BaseModel):
     context_length: int = DEFAULT_CONTEXT_LENGTH
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     modalities: list[str] = Field(default_factory=default_modalities)
+    endpoints: list[str] = Field(default_factory=default_endpoints)
 
 
 @overload
@@ -91,6 +104,7 @@ def catalog_model_from(
             context_length=spec.context_length,
             max_output_tokens=spec.max_output_tokens,
             modalities=frozenset(spec.modalities),
+            endpoints=frozenset(spec.endpoints),
             owner_org_id=owner_org_id,
             gpu_count=spec.gpu_count,
             microusd_per_gpu_second=spec.microusd_per_gpu_second,
@@ -104,6 +118,7 @@ def catalog_model_from(
         modalities=frozenset(spec.modalities),
         prices=Prices.of(pricing.input, pricing.cached_input, pricing.output) if pricing else None,
         throughput_tokens_per_s=spec.throughput_tokens_per_s,
+        endpoints=frozenset(spec.endpoints),
     )
 
 
@@ -171,10 +186,29 @@ class Settings(BaseSettings):
     # The embedded engine may serve people too (docs/scheduling.md); it has no metrics, so a
     # shared one follows Backfill's latency.
     local_engine_mode: Mode = Mode.DEDICATED
+    # Embeddings on the bundled model (LOCAL_EMBEDDING_MODEL): "auto" starts its llama.cpp
+    # process when an embeddings batch is waiting for it, "on" at start, "off" never.
+    local_embeddings: Literal["auto", "on", "off"] = "auto"
 
     max_file_bytes: int = 256 * 1024 * 1024
     max_lines: int = 1_000_000
     max_line_bytes: int = 20 * 1024 * 1024
+    # A BatchRouter sectioned file is stored expanded (each request with its section's shared
+    # body and prefix messages); this bounds that, as max_file_bytes bounds what is uploaded.
+    max_expanded_file_bytes: int = Field(4 * 1024**3, ge=1)
+    # Image and audio parts of chat lines (SPEC §5.4), checked at upload: one inline part's
+    # decoded bytes (a fetched https image is held to the same), and all of a line's parts.
+    max_media_part_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    max_media_bytes_per_line: int = Field(16 * 1024 * 1024, ge=1)
+    max_media_parts_per_line: int = Field(32, ge=1)
+    # Fetching https image URLs when a request runs (SPEC §10.4, docs/security.md).
+    fetch_timeout_s: float = Field(10.0, gt=0)
+    fetch_connect_timeout_s: float = Field(5.0, gt=0)
+    # For development and tests only: plain http, and hosts on private or loopback addresses.
+    fetch_allow_http: bool = False
+    fetch_allow_private: bool = False
+    # A PEM bundle of CAs to trust instead of the system's (a private CA in development).
+    fetch_ca_file: Path | None = None
     min_completion_window_s: int = 24 * 3600
     max_completion_window_s: int = 168 * 3600
     input_file_ttl_s: int = 24 * 3600
@@ -288,4 +322,19 @@ class Settings(BaseSettings):
                     batch=PricingSettings(input=10_000, cached_input=5_000, output=20_000),
                 )
             )
+        if self.serves_local_embeddings and all(m.id != LOCAL_EMBEDDING_MODEL for m in models):
+            models.append(
+                ModelSettings(
+                    id=LOCAL_EMBEDDING_MODEL,
+                    model_config_id="smollm2-135m-instruct-q4_1-embedding",
+                    context_length=LOCAL_CONTEXT,
+                    max_output_tokens=1,
+                    endpoints=[EMBEDDINGS_URL],
+                    batch=PricingSettings(input=2_000, cached_input=None, output=0),
+                )
+            )
         return models
+
+    @property
+    def serves_local_embeddings(self) -> bool:
+        return self.local_engine and self.local_embeddings != "off"

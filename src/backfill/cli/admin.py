@@ -17,6 +17,7 @@ from rich.text import Text
 
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.domain.money import pico_to_usd
 from backfill.domain.records import ApiKey, Org
@@ -54,6 +55,14 @@ ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
 DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
 ModalitiesOpt = Annotated[str, typer.Option(help="Comma-separated: text, image, audio.")]
 MODALITIES = ",".join(DEFAULT_MODALITIES)
+EndpointsOpt = Annotated[
+    str,
+    typer.Option(
+        help="Comma-separated batch endpoints: /v1/chat/completions, /v1/completions, "
+        "/v1/responses, /v1/embeddings."
+    ),
+]
+ENDPOINTS = ",".join(sorted(DEFAULT_MODEL_ENDPOINTS))
 
 
 def _settings(config: Path | None, data: Path | None) -> Settings:
@@ -249,7 +258,9 @@ def _model_line(m: CatalogModel) -> str:
         kind = f"batch in/cached/out {p.input}/{p.cached_input}/{p.output} uUSD per 1M tokens"
     else:
         kind = "not batch-qualified"
-    return f"{m.id}  [{m.model_config_id}]  ctx {m.context_length}  {kind}"
+    serves = ", ".join(sorted(m.endpoints))
+    media = ",".join(sorted(m.modalities))
+    return f"{m.id}  [{m.model_config_id}]  ctx {m.context_length}  {kind}  ({media}; {serves})"
 
 
 @model_app.command("list")
@@ -273,6 +284,7 @@ def model_set(
     output_price: Annotated[int | None, typer.Option(help="uUSD per 1M output tokens.")] = None,
     throughput: Annotated[int | None, typer.Option(help="Output tokens/s for admission.")] = None,
     modalities: ModalitiesOpt = MODALITIES,
+    endpoints: EndpointsOpt = ENDPOINTS,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
@@ -286,6 +298,7 @@ def model_set(
         context_length=context_length,
         max_output_tokens=max_output_tokens,
         modalities=modalities.split(","),
+        endpoints=endpoints.split(","),
         batch=pricing,
         throughput_tokens_per_s=throughput,
     )
@@ -306,6 +319,7 @@ def deployment_set(
     context_length: Annotated[int, typer.Option()] = DEFAULT_CONTEXT_LENGTH,
     max_output_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_OUTPUT_TOKENS,
     modalities: ModalitiesOpt = MODALITIES,
+    endpoints: EndpointsOpt = ENDPOINTS,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
@@ -319,6 +333,7 @@ def deployment_set(
         context_length=context_length,
         max_output_tokens=max_output_tokens,
         modalities=modalities.split(","),
+        endpoints=endpoints.split(","),
     )
 
     async def action(b: Backfill) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.money import Prices
 
 
@@ -35,6 +36,8 @@ class CatalogModel:
     gpu_count: int = 0
     microusd_per_gpu_second: int = 0
     throughput_tokens_per_s: int | None = None
+    endpoints: frozenset[str] = DEFAULT_MODEL_ENDPOINTS
+    """The batch endpoints (``/v1/chat/completions``, ...) its engines serve."""
 
     @property
     def private(self) -> bool:

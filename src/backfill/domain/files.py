@@ -24,6 +24,16 @@ class FileStatus(StrEnum):
     """Its content is gone; the row stays so ids are never reused."""
 
 
+class InputFormat(StrEnum):
+    """How an input file's requests were written (SPEC §5, §8.1)."""
+
+    JSONL = "jsonl"
+    """One request per line."""
+    SECTIONED = "batchrouter.sectioned.v1"
+    """BatchRouter sections of shared parameters and prefix messages, each followed by its
+    requests; stored expanded, one request per line."""
+
+
 @dataclass(slots=True)
 class FileRecord:
     id: str
@@ -40,6 +50,7 @@ class FileRecord:
     batch_id: str | None = None
     prompt_token_bound: int = 0
     max_output_tokens: int = 0
+    input_format: InputFormat = InputFormat.JSONL
 
 
 def output_record(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.endpoints import ENDPOINTS, MODALITIES
 from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRICE, MAX_TOKENS
 from backfill.errors import InvalidInput, NotFound
 from backfill.ports import CatalogStore, Clock
@@ -23,12 +24,30 @@ def _within(value: int | None, low: int, high: int, param: str, unit: str) -> No
         )
 
 
+def _one_of(values: frozenset[str], known: frozenset[str], param: str) -> None:
+    unknown = sorted(values - known)
+    if unknown or not values:
+        raise InvalidInput(
+            f"'{param}' must be a non-empty list of {', '.join(sorted(known))} (unknown: "
+            f"{', '.join(unknown) or 'none given'}).",
+            code="invalid_value",
+            param=param,
+        )
+
+
 def _check(model: CatalogModel) -> None:
     """Bounds that keep every price, charge and limit inside its column (SPEC §7.3)."""
     printable(model.id, "model", MAX_MODEL_ID_CHARS)
     printable(model.model_config_id, "model_config_id", MAX_MODEL_ID_CHARS)
-    modalities = ",".join(sorted(model.modalities))
-    printable(modalities, "modalities", 200)
+    _one_of(model.modalities, MODALITIES, "modalities")
+    _one_of(model.endpoints, ENDPOINTS, "endpoints")
+    if "text" not in model.modalities:
+        raise InvalidInput(
+            "'modalities' must include 'text'; image and audio are parts of chat messages that "
+            "also carry text.",
+            code="invalid_value",
+            param="modalities",
+        )
     _within(model.context_length, 1, MAX_TOKENS, "context_length", "tokens")
     _within(model.max_output_tokens, 1, MAX_TOKENS, "max_output_tokens", "tokens")
     unit = "uUSD per million tokens"

@@ -168,6 +168,7 @@ class AccountQueries(SqlBase):
             "gpu_count": model.gpu_count,
             "microusd_per_gpu_second": model.microusd_per_gpu_second,
             "throughput_tokens_per_s": model.throughput_tokens_per_s,
+            "endpoints": ",".join(sorted(model.endpoints)),
             "updated_at": now,
         }
         async with self.engine.begin() as conn:

@@ -13,7 +13,7 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
 from backfill.domain import ids, lifecycle
 from backfill.domain.catalog import Billing, CatalogModel
-from backfill.domain.files import FilePurpose, FileRecord, FileStatus
+from backfill.domain.files import FilePurpose, FileRecord, FileStatus, InputFormat
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
 from backfill.domain.records import BatchRecord, Org, Receipt, ReceiptKind
@@ -47,6 +47,7 @@ def model_of(row: Any) -> CatalogModel:
         gpu_count=row.gpu_count,
         microusd_per_gpu_second=row.microusd_per_gpu_second,
         throughput_tokens_per_s=row.throughput_tokens_per_s,
+        endpoints=frozenset(row.endpoints.split(",")),
     )
 
 
@@ -67,6 +68,7 @@ def file_of(row: Any) -> FileRecord:
     record = FileRecord(**{k: data[k] for k in FILE_FIELDS})
     record.purpose = FilePurpose(record.purpose)
     record.status = FileStatus(record.status)
+    record.input_format = InputFormat(record.input_format)
     return record
 
 

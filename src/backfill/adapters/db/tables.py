@@ -23,7 +23,8 @@ from sqlalchemy import (
 )
 
 from backfill.domain.catalog import Billing
-from backfill.domain.files import FileStatus
+from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
+from backfill.domain.files import FileStatus, InputFormat
 from backfill.domain.planning import NOT_URGENT
 
 metadata = MetaData()
@@ -57,6 +58,12 @@ models = Table(
     Column("gpu_count", Integer, nullable=False, server_default="0"),
     Column("microusd_per_gpu_second", BigInteger, nullable=False, server_default="0"),
     Column("throughput_tokens_per_s", BigInteger),
+    Column(
+        "endpoints",
+        String(200),
+        nullable=False,
+        server_default=",".join(sorted(DEFAULT_MODEL_ENDPOINTS)),
+    ),
     Column("updated_at", BigInteger, nullable=False),
 )
 
@@ -142,6 +149,7 @@ files = Table(
     Column("batch_id", String(64)),
     Column("prompt_token_bound", BigInteger, nullable=False, server_default="0"),
     Column("max_output_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("input_format", String(32), nullable=False, server_default=InputFormat.JSONL.value),
     # The listing key (``rows.listing_key``): the inserting process's wall clock in ns. List
     # endpoints sort and page by it; it is not a sequence across processes.
     Column("seq", BigInteger, nullable=False),

@@ -21,6 +21,7 @@ from backfill.settings import (
     DeploymentSettings,
     ModelSettings,
     catalog_model_from,
+    default_endpoints,
     default_modalities,
 )
 
@@ -80,6 +81,7 @@ class ModelIn(BaseModel):
     context_length: int = Field(default=DEFAULT_CONTEXT_LENGTH, ge=1)
     max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1)
     modalities: list[str] = Field(default_factory=default_modalities)
+    endpoints: list[str] = Field(default_factory=default_endpoints)
     batch: PricingIn | None = None
     throughput_tokens_per_s: int | None = Field(default=None, ge=1)
 
@@ -92,6 +94,7 @@ class DeploymentIn(BaseModel):
     context_length: int = Field(default=DEFAULT_CONTEXT_LENGTH, ge=1)
     max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1)
     modalities: list[str] = Field(default_factory=default_modalities)
+    endpoints: list[str] = Field(default_factory=default_endpoints)
 
 
 def ledger_object(org: str, ledger: Ledger) -> dict[str, Any]:

@@ -69,10 +69,16 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
 def model_object(m: CatalogModel) -> dict[str, Any]:
     batch: dict[str, Any] | None = None
     if m.private:
-        batch = {"modalities": sorted(m.modalities), "billing": "gpu_time", "pricing": None}
+        batch = {
+            "modalities": sorted(m.modalities),
+            "endpoints": sorted(m.endpoints),
+            "billing": "gpu_time",
+            "pricing": None,
+        }
     elif m.prices is not None:
         batch = {
             "modalities": sorted(m.modalities),
+            "endpoints": sorted(m.endpoints),
             "billing": "catalog",
             "pricing": m.prices.as_api(),
         }
