@@ -1,10 +1,12 @@
-"""A 1,000,000-line file: upload + validation + batch creation time, and the server's peak RSS.
+"""A 1,000,000-request file: upload + validation + batch creation time, and the server's peak
+RSS, for plain JSONL and for the same requests as BatchRouter sectioned JSONL.
 
-    PYTHONPATH=. python -m bench.accept_1m [--lines 1000000]
+    PYTHONPATH=. python -m bench.accept_1m [--lines 1000000] [--format both|plain|sectioned]
 
 The baseline is the time to send the same bytes to the same server and have them discarded
 (a request to an unknown URL the server rejects after reading), so the ratio shows what
-validation, encryption and creation add on top of moving the bytes.
+validation, encryption and creation add on top of moving the bytes. Each format runs on a
+fresh server, so its peak RSS is its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,80 +23,122 @@ import orjson
 
 from bench.common import MODEL, multipart, peak_rss_mb, sim_config, start_backfill, stop
 
+SYSTEM = {"role": "system", "content": "You answer in one short sentence."}
+SECTION_REQUESTS = 1000
 
-def short_line(i: int) -> bytes:
-    return (
-        orjson.dumps(
-            {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": MODEL,
-                    "messages": [{"role": "user", "content": f"Hi {i}"}],
-                    "max_tokens": 16,
-                },
+
+def plain_lines(count: int) -> Iterator[bytes]:
+    for i in range(count):
+        body = {
+            "model": MODEL,
+            "messages": [SYSTEM, {"role": "user", "content": f"Hi {i}"}],
+            "max_tokens": 16,
+        }
+        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions"}
+        yield orjson.dumps({**line, "body": body}) + b"\n"
+
+
+def sectioned_lines(count: int) -> Iterator[bytes]:
+    """The same requests, a section (shared model, limit and system prompt) per thousand."""
+    yield orjson.dumps({"format": "batchrouter.sectioned.v1"}) + b"\n"
+    for i in range(count):
+        if i % SECTION_REQUESTS == 0:
+            section = {
+                "id": f"s{i // SECTION_REQUESTS}",
+                "body": {"model": MODEL, "max_tokens": 16},
+                "messages": [SYSTEM],
             }
+            yield orjson.dumps({"section": section}) + b"\n"
+        body = {"messages": [{"role": "user", "content": f"Hi {i}"}]}
+        yield orjson.dumps({"custom_id": f"r{i}", "body": body}) + b"\n"
+
+
+@dataclass(frozen=True)
+class Measured:
+    name: str
+    mib: float
+    transfer_s: float
+    upload_s: float
+    total_s: float
+    rss_before: float
+    rss: float
+
+
+def measure(name: str, lines: Iterator[bytes], work: Path) -> Measured:
+    source = work / f"{name}.jsonl"
+    with source.open("wb") as out:
+        out.writelines(lines)
+    # No engine is needed: the batch is only accepted. An unreachable URL keeps it queued.
+    config = sim_config(work / f"{name}.toml", "http://127.0.0.1:9/v1", 1)
+    process, base, key = start_backfill(config, work / f"data-{name}", work / f"{name}.log")
+    try:
+        client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=900
         )
-        + b"\n"
+        body, content_type = multipart(source)
+        start = time.perf_counter()
+        moved = client.post("/v1/nowhere", content=body, headers={"Content-Type": content_type})
+        transfer = time.perf_counter() - start
+        assert moved.status_code in (404, 405), moved.status_code
+        rss_before = peak_rss_mb(process.pid)
+        body, content_type = multipart(source)
+        start = time.perf_counter()
+        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
+        uploaded.raise_for_status()
+        upload_s = time.perf_counter() - start
+        created = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        created.raise_for_status()
+        total_s = time.perf_counter() - start
+        rss = peak_rss_mb(process.pid)
+    finally:
+        stop(process)
+    mib = source.stat().st_size / (1 << 20)
+    source.unlink()
+    return Measured(name, mib, transfer, upload_s, total_s, rss_before, rss)
+
+
+def report(m: Measured, lines: int) -> None:
+    print(f"{m.name}: {lines} requests, {m.mib:.0f} MiB")
+    print(f"  send the bytes only    : {m.transfer_s:6.1f} s  1.00x")
+    print(f"  upload + validation    : {m.upload_s:6.1f} s  {m.transfer_s / m.upload_s:.2f}x")
+    print(
+        f"    + batch creation     : {m.total_s:6.1f} s  (target <= 60 s: "
+        f"{'met' if m.total_s <= 60 else 'MISSED'})"
+    )
+    print(
+        f"  server peak RSS        : {m.rss:6.0f} MB (before the upload {m.rss_before:.0f} MB; "
+        f"target <= 300 MB: {'met' if m.rss <= 300 else 'MISSED'})"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--format", choices=["both", "plain", "sectioned"], default="both")
     args = parser.parse_args()
+    results: list[Measured] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        source = work / "input.jsonl"
-        with source.open("wb") as out:
-            for i in range(args.lines):
-                out.write(short_line(i))
-        size_mib = source.stat().st_size / (1 << 20)
-        # No engine is needed: the batch is only accepted. An unreachable URL keeps it queued.
-        config = sim_config(work / "bench.toml", "http://127.0.0.1:9/v1", 1)
-        process, base, key = start_backfill(config, work / "data", work / "server.log")
-        try:
-            client = httpx.Client(
-                base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=900
-            )
-            body, content_type = multipart(source)
-            start = time.perf_counter()
-            moved = client.post("/v1/nowhere", content=body, headers={"Content-Type": content_type})
-            transfer = time.perf_counter() - start
-            assert moved.status_code in (404, 405), moved.status_code
-            rss_before = peak_rss_mb(process.pid)
-            body, content_type = multipart(source)
-            start = time.perf_counter()
-            uploaded = client.post(
-                "/v1/files", content=body, headers={"Content-Type": content_type}
-            )
-            uploaded.raise_for_status()
-            upload_s = time.perf_counter() - start
-            created = client.post(
-                "/v1/batches",
-                json={
-                    "input_file_id": uploaded.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                },
-            )
-            created.raise_for_status()
-            total_s = time.perf_counter() - start
-            rss = peak_rss_mb(process.pid)
-        finally:
-            stop(process)
-    print(f"file: {args.lines} lines, {size_mib:.0f} MiB")
-    print(f"send the bytes only      : {transfer:6.1f} s  1.00x")
-    print(f"upload + validation      : {upload_s:6.1f} s  {transfer / upload_s:.2f}x")
-    print(
-        f"  + batch creation       : {total_s:6.1f} s  (target <= 60 s: "
-        f"{'met' if total_s <= 60 else 'MISSED'})"
-    )
-    print(
-        f"server peak RSS          : {rss:6.0f} MB (before the upload {rss_before:.0f} MB; "
-        f"target <= 300 MB: {'met' if rss <= 300 else 'MISSED'})"
-    )
+        if args.format in ("both", "plain"):
+            results.append(measure("plain", plain_lines(args.lines), work))
+        if args.format in ("both", "sectioned"):
+            results.append(measure("sectioned", sectioned_lines(args.lines), work))
+    for m in results:
+        report(m, args.lines)
+    if len(results) == 2:
+        plain, sectioned = results
+        print(
+            f"sectioned vs plain: accept time {sectioned.total_s / plain.total_s:.2f}x, "
+            f"peak RSS {sectioned.rss / plain.rss:.2f}x, bytes sent "
+            f"{sectioned.mib / plain.mib:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_a_body_that_is_not_a_json_object_is_invalid_json(raw: bytes) -> None:
         ({"input_file_id": ""}, "missing_required_parameter", "input_file_id"),
         ({"input_file_id": 7}, "missing_required_parameter", "input_file_id"),
         ({"endpoint": [["x"]]}, "invalid_value", "endpoint"),
-        ({"endpoint": "/v1/embeddings"}, "invalid_value", "endpoint"),
+        ({"endpoint": "/v1/images/generations"}, "invalid_value", "endpoint"),
         ({"completion_window": 86400}, "invalid_value", "completion_window"),
         ({"completion_window": None}, "invalid_value", "completion_window"),
         ({"metadata": ["not", "an", "object"]}, "invalid_value", "metadata"),

@@ -579,7 +579,7 @@ MUTATIONS: list[Mutation] = [
     _set(("custom_id",), "\u00e9" * (MAX_CUSTOM_ID_BYTES // 2 + 1)),
     _set(("custom_id",), 12),
     _set(("method",), "GET"),
-    _set(("url",), "/v1/embeddings"),
+    _set(("url",), "/v1/images/generations"),
     _set(("extra",), 1),
     _drop("method"),
     _drop("body"),

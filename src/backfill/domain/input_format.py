@@ -6,25 +6,47 @@ the per-line Python work left is a handful of comparisons.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.decode_errors import Broken, explain
+from backfill.domain.endpoints import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    EMBEDDINGS_URL,
+    ENDPOINTS,
+    RESPONSES_URL,
+)
+from backfill.domain.media import (
+    LineMedia,
+    MediaError,
+    MediaLimits,
+    check_audio,
+    check_image_url,
+)
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
-ENDPOINTS = frozenset({CHAT_URL, COMPLETIONS_URL})
+__all__ = ["CHAT_URL", "COMPLETIONS_URL", "ENDPOINTS"]
+
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_CUSTOM_ID_BYTES = 128
+MAX_SECTION_ID_BYTES = 128
+MAX_EMBEDDING_INPUTS = 2048
+ENCODING_FORMATS = frozenset({"float", "base64"})
 _UNSET = msgspec.UNSET
+# Where a chat part's media lives, and the modality the model must publish for it.
+_CHAT_PARTS = {"image_url": "image", "input_audio": "audio"}
+_RESPONSE_PARTS = frozenset({"input_text", "input_image"})
 
 
 class ContentPart(msgspec.Struct):
     type: str
+    image_url: Any = _UNSET
+    input_audio: Any = _UNSET
 
 
 class Message(msgspec.Struct):
@@ -36,10 +58,16 @@ class Body(msgspec.Struct):
     model: str
     messages: list[Message] | None = None
     prompt: str | list[Any] | None = None
+    input: Any = _UNSET
+    """Embeddings and Responses lines."""
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    max_output_tokens: int | None = None
     stream: bool | None = None
-    priority: Any = msgspec.UNSET
+    background: Any = _UNSET
+    encoding_format: Any = _UNSET
+    dimensions: Any = _UNSET
+    priority: Any = _UNSET
     """Refused: the operator's engine settings set it (docs/scheduling.md)."""
 
 
@@ -48,6 +76,9 @@ class RequestLine(msgspec.Struct, forbid_unknown_fields=True):
     method: str
     url: str
     body: Body
+    section: str | None = None
+    """The BatchRouter section the line came from (``domain/sectioned.py``): lines of one
+    section go to the same replica, back to back (SPEC §9.5)."""
 
 
 class LineError(Exception):
@@ -66,6 +97,9 @@ class Limits:
     max_file_bytes: int
     max_lines: int
     max_line_bytes: int
+    media: MediaLimits = field(default_factory=MediaLimits)
+    max_expanded_bytes: int = 4 * 1024**3
+    """A sectioned file's requests, expanded with their sections' shared parts."""
 
 
 @dataclass(slots=True)
@@ -128,25 +162,31 @@ class LineValidator:
         self._model_name: str | None = None
         self._endpoint: str | None = None
         self._chat = False
+        # Chat and completions lines like the ones before take the fast path; embeddings and
+        # Responses lines, rarer and with more shapes, always take the detailed checks.
+        self._fast = False
         self.lines = 0
         self._prompt_bound = 0
         self._max_output = 0
 
-    def check_lines(self, lines: list[bytes], first_line_no: int) -> list[str]:
-        """Validate consecutive lines; returns their ``custom_id``s.
+    def check_lines(
+        self, lines: list[bytes], first_line_no: int, first_request: int | None = None
+    ) -> list[str]:
+        """Validate consecutive lines; returns their ``custom_id``s. ``first_request`` numbers
+        the first of them among the file's requests when that is not its line number (a
+        sectioned file's lines also hold sections).
 
         The common case (a valid line like the ones before it) takes one decode and a few
         comparisons inside this one loop; anything unusual goes through the detailed checks,
         which name the rule that was broken.
         """
-        last = first_line_no + len(lines) - 1
-        if last > self._limits.max_lines:
+        counted = (first_line_no if first_request is None else first_request) - 1
+        room = self._limits.max_lines - counted
+        if len(lines) > room:
             # The lines within the limit first: an earlier bad line is the one reported, however
             # the file was cut into chunks.
-            self.check_lines(
-                lines[: max(self._limits.max_lines - first_line_no + 1, 0)], first_line_no
-            )
-            line_no = self._limits.max_lines + 1
+            self.check_lines(lines[: max(room, 0)], first_line_no, first_request)
+            line_no = first_line_no + max(room, 0)
             raise LineError(
                 "too_many_requests_in_file",
                 f"Line {line_no}: a file holds at most {self._limits.max_lines} requests; "
@@ -163,11 +203,12 @@ class LineValidator:
         max_output = 0
         line_no = first_line_no - 1
         # What the lines so far agreed on, as locals: the slow path refreshes them.
-        model, model_name, endpoint, chat = (
+        model, model_name, endpoint, chat, fast = (
             self._model,
             self._model_name,
             self._endpoint,
             self._chat,
+            self._fast,
         )
         max_tokens = model.max_output_tokens if model else 0
         for raw in lines:
@@ -194,15 +235,18 @@ class LineValidator:
                 or body.model != model_name
                 or body.stream
                 or body.priority is not _UNSET
+                or (req.section is not None and not _section_ok(req.section))
                 or limit is None
                 or not 0 < limit <= max_tokens
-                or (messages is None if chat else body.prompt is None)
+                or (messages is None if chat else body.prompt is None or not fast)
             ):
                 if len(seen) != before:
                     seen.discard(cid)
                 model = self._check_request(req, line_no)
                 model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
+                fast = self._fast
                 max_tokens = model.max_output_tokens
+                limit = _output_limit(body, endpoint)
             elif chat:
                 # A completions line may carry messages too: they are not read, so not checked.
                 if messages:
@@ -219,7 +263,7 @@ class LineValidator:
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
-        self.lines = last
+        self.lines = counted + len(lines)
         self._prompt_bound += prompt_bound
         self._max_output += max_output
         return ids
@@ -274,6 +318,13 @@ class LineValidator:
                 param="custom_id",
             )
         self._seen.add(cid)
+        if req.section is not None and not _section_ok(req.section):
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'section' must be 1 to {MAX_SECTION_ID_BYTES} bytes of UTF-8.",
+                line=line_no,
+                param="section",
+            )
         if req.method != "POST":
             raise LineError(
                 "invalid_value",
@@ -291,6 +342,7 @@ class LineValidator:
         if self._endpoint is None:
             self._endpoint = req.url
             self._chat = req.url == CHAT_URL
+            self._fast = req.url in (CHAT_URL, COMPLETIONS_URL)
         elif req.url != self._endpoint:
             raise LineError(
                 "invalid_url",
@@ -328,6 +380,15 @@ class LineValidator:
         return model
 
     def _check_body(self, body: Body, url: str, model: CatalogModel, line_no: int) -> None:
+        if url not in model.endpoints:
+            raise LineError(
+                "invalid_url",
+                f"Line {line_no}: 'url' is {url}, which {model.id} does not serve in batch "
+                f"(it serves {', '.join(sorted(model.endpoints))}); GET /v1/models lists each "
+                "model's endpoints.",
+                line=line_no,
+                param="url",
+            )
         if body.stream:
             raise LineError(
                 "streaming_unsupported",
@@ -345,14 +406,16 @@ class LineValidator:
                 line=line_no,
                 param="body.priority",
             )
+        if url == EMBEDDINGS_URL:
+            self._check_embeddings(body, line_no)
+            return
+        if url == RESPONSES_URL:
+            self._check_responses(body, model, line_no)
+            return
         limit_field = (
-            "max_completion_tokens" if body.max_completion_tokens is not None else ("max_tokens")
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         )
-        limit = (
-            body.max_completion_tokens
-            if body.max_completion_tokens is not None
-            else (body.max_tokens)
-        )
+        limit = _output_limit(body, url)
         if limit is None:
             raise LineError(
                 "missing_required_parameter",
@@ -361,14 +424,7 @@ class LineValidator:
                 line=line_no,
                 param="body.max_tokens",
             )
-        if limit < 1 or limit > model.max_output_tokens:
-            raise LineError(
-                "invalid_value",
-                f"Line {line_no}: 'body.{limit_field}' must be between 1 and "
-                f"{model.max_output_tokens} for {model.id} (it is {limit}).",
-                line=line_no,
-                param=f"body.{limit_field}",
-            )
+        _check_limit(limit, f"body.{limit_field}", model, line_no)
         if url == CHAT_URL:
             self._check_messages(body.messages, model, line_no)
         elif body.prompt is None:
@@ -378,6 +434,99 @@ class LineValidator:
                 line=line_no,
                 param="body.prompt",
             )
+
+    def _check_embeddings(self, body: Body, line_no: int) -> None:
+        _refuse_fields(
+            body,
+            line_no,
+            EMBEDDINGS_URL,
+            ("messages", "prompt", "max_tokens", "max_completion_tokens", "max_output_tokens"),
+            "an embeddings line has 'input' and no output limit",
+        )
+        value = body.input
+        if not _embedding_input(value):
+            raise LineError(
+                "missing_required_parameter" if value is _UNSET else "invalid_value",
+                f"Line {line_no}: 'body.input' must be a non-empty string, or an array of 1 to "
+                f"{MAX_EMBEDDING_INPUTS} strings or token arrays, for /v1/embeddings.",
+                line=line_no,
+                param="body.input",
+            )
+        if body.encoding_format is not _UNSET and body.encoding_format not in ENCODING_FORMATS:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.encoding_format' must be 'float' or 'base64' (it is "
+                f"{body.encoding_format!r}).",
+                line=line_no,
+                param="body.encoding_format",
+            )
+        dims = body.dimensions
+        if dims is not _UNSET and (type(dims) is not int or dims < 1):
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.dimensions' must be a positive integer (it is {dims!r}).",
+                line=line_no,
+                param="body.dimensions",
+            )
+
+    def _check_responses(self, body: Body, model: CatalogModel, line_no: int) -> None:
+        _refuse_fields(
+            body,
+            line_no,
+            RESPONSES_URL,
+            ("messages", "prompt", "max_tokens", "max_completion_tokens", "encoding_format"),
+            "a Responses line has 'input' and 'max_output_tokens'",
+        )
+        if body.background is not _UNSET and body.background is not False:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.background' must be false or absent; a batch request "
+                "already runs in the background.",
+                line=line_no,
+                param="body.background",
+            )
+        if body.max_output_tokens is None:
+            raise LineError(
+                "missing_required_parameter",
+                f"Line {line_no}: 'body.max_output_tokens' is required so the batch's cost can "
+                "be bounded.",
+                line=line_no,
+                param="body.max_output_tokens",
+            )
+        _check_limit(body.max_output_tokens, "body.max_output_tokens", model, line_no)
+        value = body.input
+        if isinstance(value, str) and value:
+            return
+        if not isinstance(value, list) or not value:
+            raise LineError(
+                "missing_required_parameter" if value is _UNSET else "invalid_value",
+                f"Line {line_no}: 'body.input' must be a non-empty string or array of input "
+                "items for /v1/responses.",
+                line=line_no,
+                param="body.input",
+            )
+        media = LineMedia(self._limits.media)
+        for i, item in enumerate(value):
+            content = item.get("content") if isinstance(item, dict) else None
+            if not isinstance(content, list):
+                continue
+            for j, part in enumerate(content):
+                where = f"body.input[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in _RESPONSE_PARTS:
+                    raise LineError(
+                        "invalid_value",
+                        f"Line {line_no}: '{where}.type' must be one of "
+                        f"{', '.join(sorted(_RESPONSE_PARTS))} (it is {kind!r}).",
+                        line=line_no,
+                        param=f"{where}.type",
+                    )
+                if kind == "input_image":
+                    assert isinstance(part, dict)
+                    self._media(model, "image", where, line_no)
+                    with _as_line_error(line_no):
+                        url = part.get("image_url")
+                        media.add(check_image_url(url, f"{where}.image_url", media.limits), where)
 
     def _check_messages(
         self, messages: list[Message] | None, model: CatalogModel, line_no: int
@@ -390,6 +539,7 @@ class LineValidator:
                 line=line_no,
                 param="body.messages",
             )
+        media: LineMedia | None = None
         for i, message in enumerate(messages):
             if message.role not in ROLES:
                 raise LineError(
@@ -400,25 +550,42 @@ class LineValidator:
                     param=f"body.messages[{i}].role",
                 )
             if isinstance(message.content, list):
+                media = media or LineMedia(self._limits.media)
                 for j, part in enumerate(message.content):
-                    self._check_part(part, model, line_no, f"body.messages[{i}].content[{j}]")
+                    where = f"body.messages[{i}].content[{j}]"
+                    self._check_part(part, model, media, line_no, where)
 
-    def _check_part(self, part: ContentPart, model: CatalogModel, line_no: int, where: str) -> None:
-        needs = {"image_url": "image", "input_audio": "audio"}.get(part.type)
+    def _check_part(
+        self, part: ContentPart, model: CatalogModel, media: LineMedia, line_no: int, where: str
+    ) -> None:
         if part.type == "text":
             return
+        needs = _CHAT_PARTS.get(part.type)
         if needs is None:
             raise LineError(
                 "invalid_value",
-                f"Line {line_no}: '{where}.type' {part.type!r} is not a known content part type.",
+                f"Line {line_no}: '{where}.type' {part.type!r} is not a known content part type "
+                "(text, image_url, input_audio).",
                 line=line_no,
                 param=f"{where}.type",
             )
+        self._media(model, needs, where, line_no)
+        with _as_line_error(line_no):
+            if needs == "image":
+                image = part.image_url
+                url = image.get("url") if isinstance(image, dict) else None
+                size = check_image_url(url, f"{where}.image_url.url", media.limits)
+            else:
+                size = check_audio(part.input_audio, f"{where}.input_audio", media.limits)
+            media.add(size, where)
+
+    @staticmethod
+    def _media(model: CatalogModel, needs: str, where: str, line_no: int) -> None:
         if needs not in model.modalities:
             raise LineError(
                 "unsupported_modality",
                 f"Line {line_no}: '{where}' is {needs} input, which {model.id} does not accept "
-                f"(it accepts {', '.join(sorted(model.modalities))}).",
+                f"in batch (it accepts {', '.join(sorted(model.modalities))}).",
                 line=line_no,
                 param=where,
             )
@@ -431,6 +598,72 @@ class LineValidator:
             prompt_token_bound=self._prompt_bound,
             max_output_tokens=self._max_output,
         )
+
+
+def _section_ok(section: str) -> bool:
+    return bool(section) and (len(section) <= 32 or len(section.encode()) <= MAX_SECTION_ID_BYTES)
+
+
+@contextmanager
+def _as_line_error(line_no: int) -> Iterator[None]:
+    """A media part's broken rule, as the line's error."""
+    try:
+        yield
+    except MediaError as exc:
+        raise LineError(
+            exc.code, f"Line {line_no}: {exc.message}", line=line_no, param=exc.param
+        ) from None
+
+
+def _output_limit(body: Body, url: str | None) -> int | None:
+    """The line's output-token limit, by its endpoint (embeddings produce none)."""
+    if url == RESPONSES_URL:
+        return body.max_output_tokens
+    if url == EMBEDDINGS_URL:
+        return 0
+    return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+
+
+def _check_limit(limit: int, param: str, model: CatalogModel, line_no: int) -> None:
+    if limit < 1 or limit > model.max_output_tokens:
+        raise LineError(
+            "invalid_value",
+            f"Line {line_no}: '{param}' must be between 1 and {model.max_output_tokens} for "
+            f"{model.id} (it is {limit}).",
+            line=line_no,
+            param=param,
+        )
+
+
+def _refuse_fields(
+    body: Body, line_no: int, url: str, names: tuple[str, ...], instead: str
+) -> None:
+    """Fields of other endpoints: the engine would ignore or refuse them, so the upload does."""
+    for name in names:
+        if getattr(body, name) not in (None, _UNSET):
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.{name}' is not a field of {url} requests; {instead}.",
+                line=line_no,
+                param=f"body.{name}",
+            )
+
+
+def _embedding_input(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_EMBEDDING_INPUTS:
+        return False
+    first = value[0]
+    if isinstance(first, str):
+        return all(isinstance(v, str) and v for v in value)
+    if isinstance(first, list):
+        return all(isinstance(v, list) and v and _token_ids(v) for v in value)
+    return _token_ids(value)
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(type(v) is int and v >= 0 for v in values)
 
 
 def request_body(raw: bytes) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Prefix locality (SPEC §9.5): lines that share a prompt prefix go to the same replica, back
 to back, so its prefix cache holds the prefix while they run.
 
-A line's prefix is its leading messages (every message but the last: the system prompt and any
-shared turns), or, for a single message or a completions prompt, its first
-``SINGLE_PROMPT_PREFIX`` bytes. Replicas are chosen by rendezvous hashing, the same on every
-worker process, bounded by the room each replica has now, so no replica idles while a popular
-prefix waits for its favourite.
+A line's prefix is its BatchRouter section when it came from one (a section's requests share its
+prefix messages, and the user said they belong together), else its leading messages (every
+message but the last: the system prompt and any shared turns), or, for a single message or a
+completions prompt, its first ``SINGLE_PROMPT_PREFIX`` bytes. Replicas are chosen by rendezvous
+hashing, the same on every worker process, bounded by the room each replica has now, so no
+replica idles while a popular prefix waits for its favourite.
 """
 
 from __future__ import annotations
@@ -16,18 +17,26 @@ from typing import Any
 
 import msgspec
 
-from backfill.domain.input_format import request_body
-
 SINGLE_PROMPT_PREFIX = 1024
 
+
+class _Line(msgspec.Struct):
+    body: dict[str, msgspec.Raw]
+    section: str | None = None
+
+
+_LINE = msgspec.json.Decoder(_Line)
 _MESSAGES = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def prefix_key(line: bytes) -> bytes:
     """A digest of the line's prompt prefix; lines with the same one share a cached prefix."""
     try:
-        body: dict[str, Any] = request_body(line)
-        prefix = _prefix(body)
+        decoded = _LINE.decode(line)
+        if decoded.section is not None:
+            prefix = b"section\0" + decoded.section.encode()
+        else:
+            prefix = _prefix(decoded.body)
     except (msgspec.DecodeError, ValueError):
         prefix = b""
     return hashlib.blake2b(prefix, digest_size=16).digest()
@@ -40,7 +49,8 @@ def _prefix(body: dict[str, Any]) -> bytes:
         if len(parts) > 1:
             return b",".join(bytes(p) for p in parts[:-1])
         return bytes(parts[0])[:SINGLE_PROMPT_PREFIX] if parts else b""
-    prompt = body.get("prompt")
+    # A completions prompt, or the input of an embeddings or Responses line.
+    prompt = body.get("prompt") or body.get("input")
     return bytes(prompt)[:SINGLE_PROMPT_PREFIX] if isinstance(prompt, msgspec.Raw) else b""
 
 

@@ -12,6 +12,7 @@ from backfill.domain.files import (
     FilePurpose,
     FileRecord,
     FileStatus,
+    InputFormat,
     LineIndex,
     content_key,
     index_key,
@@ -19,6 +20,7 @@ from backfill.domain.files import (
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
 from backfill.domain.records import Page
+from backfill.domain.sectioned import SectionedExpander, is_sectioned
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
 
@@ -48,29 +50,92 @@ class Upload:
         self._offset = 0
         self._retained = retained  # the org's input bytes when the upload began
         self._received = 0
+        # Known at the first line: a sectioned file is stored expanded (domain/sectioned.py).
+        self._expander: SectionedExpander | None = None
+        self._format: InputFormat | None = None
 
     async def feed(self, chunk: bytes) -> None:
-        limit = self._service.max_retained_input_bytes
         self._received += len(chunk)
-        if limit is not None and self._retained + self._received > limit:
-            # Stop at the first chunk past the quota; abort() removes what was written.
-            raise retained_input_limit(self._retained, self._received, limit)
+        if self._format is not InputFormat.SECTIONED:
+            self._check_quota(self._received)
+        entries = b""
         try:
-            entries = self._entries(*self._splitter.feed_lines(chunk))
+            first, lines = self._splitter.feed_lines(chunk)
+            if self._format is None and lines:
+                self._begin(lines[0])
+            if self._expander is not None:
+                await self._expand(first, lines)
+            else:
+                entries = self._entries(first, lines)
             self._splitter.raise_pending()
         except LineError as exc:
             raise _invalid(exc) from None
-        await self._content.write(chunk)
-        if entries:
-            await self._index.write(entries)
+        if self._expander is None:
+            await self._content.write(chunk)
+            if entries:
+                await self._index.write(entries)
 
-    def _entries(self, first_line_no: int, lines: list[bytes]) -> bytes:
+    def _begin(self, first_line: bytes) -> None:
+        if is_sectioned(first_line):
+            self._format = InputFormat.SECTIONED
+            self._expander = SectionedExpander()
+        else:
+            self._format = InputFormat.JSONL
+
+    def _check_quota(self, size: int) -> None:
+        """The org's retained input, counted in stored bytes: a sectioned file's expanded."""
+        limit = self._service.max_retained_input_bytes
+        if limit is not None and self._retained + size > limit:
+            # Stop at the first chunk past the quota; abort() removes what was written.
+            raise retained_input_limit(self._retained, size, limit)
+
+    def _entries(
+        self, first_line_no: int, lines: list[bytes], first_request: int | None = None
+    ) -> bytes:
         """Validate ``lines`` and return their line index entries."""
         if not lines:
             return b""
-        ids = self._validator.check_lines(lines, first_line_no)
+        ids = self._validator.check_lines(lines, first_line_no, first_request)
         entries, self._offset = LineIndex.encode(self._offset, lines, ids)
         return entries
+
+    async def _expand(self, first_line_no: int, lines: list[bytes]) -> None:
+        """Expand a sectioned file's lines and store their requests, validated as plain lines,
+        a bounded run at a time: a long prefix repeated in every request never piles up."""
+        assert self._expander is not None
+        run: list[bytes] = []
+        run_line = run_request = last_line = size = 0
+        try:
+            for line_no, request_no, expanded in self._expander.expand(lines, first_line_no):
+                if run and (line_no != last_line + 1 or size >= _EXPANDED_RUN_BYTES):
+                    await self._store_run(run, run_line, run_request)
+                    run, size = [], 0
+                if not run:
+                    run_line, run_request = line_no, request_no
+                run.append(expanded)
+                size += len(expanded) + 1
+                last_line = line_no
+        except LineError:
+            # An earlier bad request is the one reported, wherever the runs were cut.
+            await self._store_run(run, run_line, run_request)
+            raise
+        await self._store_run(run, run_line, run_request)
+
+    async def _store_run(self, run: list[bytes], first_line_no: int, first_request: int) -> None:
+        if not run:
+            return
+        entries = self._entries(first_line_no, run, first_request)
+        self._check_quota(self._offset)
+        limit = self._service.limits.max_expanded_bytes
+        if self._offset > limit:
+            raise LineError(
+                "file_too_large",
+                f"Line {first_line_no + len(run) - 1}: the file's requests, expanded with their "
+                f"sections, take more than {limit} bytes; split it into several batches.",
+                line=first_line_no + len(run) - 1,
+            )
+        await self._content.write(b"\n".join(run) + b"\n")
+        await self._index.write(entries)
 
     async def finish(self, purpose: str | None, expires_after_s: int | None) -> FileRecord:
         if purpose != FilePurpose.BATCH:
@@ -81,7 +146,15 @@ class Upload:
                 param="purpose",
             )
         try:
-            tail = self._entries(*self._splitter.finish_lines())
+            first, last = self._splitter.finish_lines()
+            if self._format is None and last:
+                self._begin(last[0])
+            if self._expander is not None:
+                await self._expand(first, last)
+                self._expander.finish(self._splitter.line_no)
+                tail = b""
+            else:
+                tail = self._entries(first, last)
         except LineError as exc:
             raise _invalid(exc) from None
         summary = self._validator.summary()
@@ -112,6 +185,7 @@ class Upload:
             endpoint=summary.endpoint,
             prompt_token_bound=summary.prompt_token_bound,
             max_output_tokens=summary.max_output_tokens,
+            input_format=self._format or InputFormat.JSONL,
         )
         # The quota again, atomically with the row: concurrent uploads each saw the old total.
         await self._service.store.create_file(record, self._service.max_retained_input_bytes)
@@ -125,6 +199,10 @@ class Upload:
             # One blob may already be committed when the other failed: remove both.
             await self._service.blobs.delete(content_key(self.file_id))
             await self._service.blobs.delete(index_key(self.file_id))
+
+
+# How much of a sectioned file's expansion is validated and written at a time.
+_EXPANDED_RUN_BYTES = 1 << 20
 
 
 def _invalid(exc: LineError) -> InvalidInput:
