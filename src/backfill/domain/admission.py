@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from backfill.domain.durations import format_seconds, parse_duration
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
 from backfill.domain.records import Admission, BatchRecord
 from backfill.errors import PaymentRequired, RateLimited, retained_input_limit
@@ -107,7 +108,7 @@ def _check_capacity(queued: int, batch: BatchRecord, rate: int) -> None:
     wait = _whole_minutes(-(-over // rate))
     raise RateLimited(
         f"{batch.model} cannot take this batch's {batch.output_token_bound} output tokens "
-        f"inside its {batch.completion_window} window now. Retry in about {wait}s, use a "
+        f"inside {_window(batch)} now. Retry in about {wait}s, use a "
         "longer window, or split the file.",
         code="capacity_exceeded",
         retry_after_s=int(wait),
@@ -128,12 +129,24 @@ def check_deadline(unfinished: int, batch: BatchRecord, rps: float) -> None:
     wait = _whole_minutes(math.ceil(over / rps))
     room = f"about {fits:,} requests" if fits else "none of its requests"
     raise RateLimited(
-        f"{batch.model} cannot finish this batch's {batch.total} requests inside its "
-        f"{batch.completion_window} window at the rate it serves now: {room} would fit in that "
+        f"{batch.model} cannot finish this batch's {batch.total} requests inside "
+        f"{_window(batch)} at the rate it serves now: {room} would fit in that "
         f"window now. Retry in about {wait}s, use a longer window, or split the file.",
         code="capacity_exceeded",
         retry_after_s=wait,
     )
+
+
+def _window(batch: BatchRecord) -> str:
+    """The span the batch has, in the words it was given: its completion window, or the
+    earlier deadline BatchRouter metadata set (docs/batchrouter.md)."""
+    span = batch.expires_at - batch.created_at
+    try:
+        if parse_duration(batch.completion_window) == span:
+            return f"its {batch.completion_window} window"
+    except ValueError:
+        pass
+    return f"the {format_seconds(span)} before its deadline"
 
 
 def _whole_minutes(seconds: int) -> int:

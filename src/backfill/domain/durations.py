@@ -1,4 +1,4 @@
-"""Completion windows such as ``24h`` or ``90m``."""
+"""Completion windows such as ``24h`` or ``90m``, and BatchRouter assignment windows."""
 
 from __future__ import annotations
 
@@ -26,3 +26,38 @@ def format_seconds(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{round(seconds * 1000)}ms"
+
+
+# BatchRouter writes assignment windows as Go durations (what Go's time.Duration prints, so
+# "1h30m0s" and "1.5s" too) or as ISO 8601 durations. Years and months are left out: they have
+# no fixed length. Digits are bounded so a hostile value costs nothing to read.
+_NUMBER = r"[0-9]{1,10}(?:\.[0-9]{1,9})?"
+_GO = re.compile(rf"(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?(?:({_NUMBER})ms)?")
+_GO_UNITS = (3600, 60, 1, 0.001)
+_ISO = re.compile(
+    rf"P(?:([0-9]{{1,10}})W|(?:([0-9]{{1,10}})D)?"
+    rf"(?:T(?:([0-9]{{1,10}})H)?(?:([0-9]{{1,10}})M)?(?:({_NUMBER})S)?)?)"
+)
+_ISO_UNITS = (7 * 86400, 86400, 3600, 60, 1)
+
+
+def parse_go_or_iso_duration(text: str) -> float:
+    """Seconds in a Go duration (``90m``, ``1h30m``, ``3600s``) or an ISO 8601 one (``PT6H``,
+    ``P1DT2H``); raises ValueError naming both forms. Zero is refused: nothing lasts no time."""
+    units: tuple[float, ...] = _GO_UNITS
+    match = _GO.fullmatch(text)
+    if match is None or match.lastindex is None:
+        units = _ISO_UNITS
+        match = _ISO.fullmatch(text)
+    # The patterns also match "", "P" and "PT" (every part is optional), and "P1DT".
+    if match is None or match.lastindex is None or text.endswith("T"):
+        raise ValueError(
+            f"{text!r} is not a duration; use a Go duration such as '90m', '6h' or '1h30m', "
+            "or an ISO 8601 one such as 'PT6H' or 'PT90M' (no years or months)"
+        )
+    seconds = sum(
+        float(part) * unit for part, unit in zip(match.groups(), units, strict=True) if part
+    )
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is no time at all; a duration must be positive")
+    return seconds

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from backfill.domain import ids
+from backfill.domain import batchrouter, ids
 from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
@@ -285,6 +285,19 @@ class BatchService:
         now = self._clock.now()
         expiry = request.output_expires_after
         prices = None if model.private else model.prices
+        terms = batchrouter.BatchTerms(
+            created_at=int(now),
+            window_end=int(now + window),
+            revision=model.model_config_id,
+            prices=prices,
+            input_format=file.input_format,
+        )
+        try:
+            # The BatchRouter deadline only ever shortens the window, so expiry, deadline
+            # admission and the scheduler's urgency all follow it through expires_at.
+            expires_at = batchrouter.expires_at(request.metadata, terms)
+        except batchrouter.BatchRouterRefusal as exc:
+            raise _bad(exc.message, exc.param, exc.code) from None
         reserve = (
             worst_case(prices, file.prompt_token_bound, file.max_output_tokens) if prices else 0
         )
@@ -295,8 +308,8 @@ class BatchService:
             max_retained_input_bytes=self._limits.max_retained_input_bytes,
             throughput_tokens_per_s=model.throughput_tokens_per_s,
             deadline_aware=self._deadline_admission,
-            # Accepted input lives until its batch ends, and at most a day past the window.
-            input_expires_at=accepted_input_expiry(int(now + window)),
+            # Accepted input lives until its batch ends, and at most a day past its deadline.
+            input_expires_at=accepted_input_expiry(expires_at),
         )
         return BatchRecord(
             id=ids.batch_id(),
@@ -307,8 +320,8 @@ class BatchService:
             input_file_id=file_id,
             completion_window=window_text,
             status=BatchStatus.VALIDATING,
-            created_at=int(now),
-            expires_at=int(now + window),
+            created_at=terms.created_at,
+            expires_at=expires_at,
             total=file.lines,
             metadata=request.metadata,
             idempotency_key=idempotency_key,
