@@ -116,6 +116,38 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FetchedMedia:
+    """A remote medium fetched for a request: its bytes and the content type it came with."""
+
+    content_type: str
+    data: bytes
+
+
+class MediaFetchFailed(Exception):
+    """A remote medium could not be fetched, or was refused (SSRF rules, size, type, time).
+
+    ``message`` ends up in the request's own error row, so it may name the URL's host and the
+    rule, but never content."""
+
+    def __init__(self, message: str, code: str = "image_fetch_failed") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class MediaFetcher(Protocol):
+    """Fetches a user's remote media (https image URLs) when the request runs, so engines
+    never fetch user URLs (SPEC §10.4)."""
+
+    async def fetch(self, url: str, content_types: Collection[str]) -> FetchedMedia:
+        """The body at ``url`` if its type is one of ``content_types`` (e.g. ``image/png``);
+        raises ``MediaFetchFailed`` otherwise."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 class PressureProbe(Protocol):
     """Reads a shared engine's own load (its metrics)."""
 

@@ -64,17 +64,21 @@ def succeeded(custom_id: str, model: str, raw: bytes) -> Outcome:
 
 
 def usage_of(body: Any) -> tuple[int, int, int]:
-    """(prompt, completion, cached prompt) tokens the engine reported; zeros when absent."""
+    """(prompt, completion, cached prompt) tokens the engine reported; zeros when absent.
+
+    Chat, completions and embeddings replies count ``prompt_tokens`` (embeddings have no
+    completion tokens); Responses replies count ``input_tokens`` and ``output_tokens``."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return 0, 0, 0
-    details = usage.get("prompt_tokens_details")
+    if "input_tokens" in usage:
+        details = usage.get("input_tokens_details")
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        details = usage.get("prompt_tokens_details")
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return (
-        _tokens(usage.get("prompt_tokens")),
-        _tokens(usage.get("completion_tokens")),
-        _tokens(cached),
-    )
+    return _tokens(prompt), _tokens(completion), _tokens(cached)
 
 
 def _tokens(value: Any) -> int:

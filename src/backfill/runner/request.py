@@ -9,13 +9,14 @@ import functools
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.records import ClaimedItem, ItemResult, WorkBatch
-from backfill.ports import Catalog, Clock, Sealer
+from backfill.ports import Catalog, Clock, MediaFetcher, Sealer
 from backfill.runner.attempts import Attempts
 from backfill.runner.engines import EngineSlot, Queued
 from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.finalize import result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.leases import Leases
+from backfill.runner.media import with_inline_images
 from backfill.runner.replies import Outcome, failed
 from backfill.runner.results import ResultWriter
 
@@ -41,7 +42,9 @@ class RequestRunner:
         catalog: Catalog,
         clock: Clock,
         retry_max_s: float,
+        media: MediaFetcher | None = None,
     ) -> None:
+        self._media = media
         self._attempts = attempts
         self._results = results
         self._leases = leases
@@ -125,7 +128,17 @@ class RequestRunner:
                 outcome: Outcome | None = failed(item.custom_id, "input_unavailable")
             else:
                 own = True
-                outcome = await self._attempts.run(slot, batch, item, request_body(raw))
+                body = request_body(raw)
+                # A fast scan of the line: only a line naming an https URL has remote images.
+                ready = (
+                    await with_inline_images(self._media, item.custom_id, body)
+                    if b'"https://' in raw
+                    else body
+                )
+                if isinstance(ready, Outcome):
+                    outcome = ready
+                else:
+                    outcome = await self._attempts.run(slot, batch, item, ready)
             free()
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
                 await self._leases.release(batch.id, item.idx, None)
