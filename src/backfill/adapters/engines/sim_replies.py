@@ -6,6 +6,10 @@ Chunks follow OpenAI's ``chat.completion.chunk`` and streamed ``text_completion`
 first chat delta carries the role with the first token, the last token's chunk carries the
 finish reason (as vLLM sends it), ``stream_options.include_usage`` adds ``"usage": null`` to
 every chunk and one last chunk with no choices and the usage, and ``data: [DONE]`` ends it.
+
+Every answer also carries a field of its own, ``"backfill_simulator": {"received": …}``: the
+media the engine got (``sim_media``), so a test can check what reached it. A whole answer has
+it at the top level, a stream in its first chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ import orjson
 TOKEN = "tok"
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+REPORT_FIELD = "backfill_simulator"
+
+
+def report(received: dict[str, Any]) -> dict[str, Any]:
+    return {"received": received}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
@@ -40,8 +49,9 @@ def completion(
     tokens: int,
     finish_reason: str,
     usage: dict[str, Any],
+    received: dict[str, Any],
 ) -> dict[str, Any]:
-    content = " ".join([TOKEN] * tokens)
+    content = answer_text(tokens)
     if chat:
         return {
             "id": f"chatcmpl-sim{number}",
@@ -56,6 +66,7 @@ def completion(
                 }
             ],
             "usage": usage,
+            REPORT_FIELD: report(received),
         }
     return {
         "id": f"cmpl-sim{number}",
@@ -64,14 +75,26 @@ def completion(
         "model": model,
         "choices": [{"index": 0, "text": content, "finish_reason": finish_reason}],
         "usage": usage,
+        REPORT_FIELD: report(received),
     }
+
+
+def answer_text(tokens: int) -> str:
+    return " ".join([TOKEN] * tokens)
 
 
 class ChunkWriter:
     """Server-sent events of one streamed answer."""
 
     def __init__(
-        self, *, chat: bool, number: int, created: int, model: Any, include_usage: bool
+        self,
+        *,
+        chat: bool,
+        number: int,
+        created: int,
+        model: Any,
+        include_usage: bool,
+        received: dict[str, Any],
     ) -> None:
         self._chat = chat
         self._head: dict[str, Any] = {
@@ -81,6 +104,7 @@ class ChunkWriter:
             "model": model,
         }
         self._include_usage = include_usage
+        self._report = report(received)
 
     def tokens(self, first: int, count: int, finish_reason: str | None) -> bytes:
         """Events for tokens ``first`` to ``first + count - 1``; the last one carries
@@ -111,6 +135,8 @@ class ChunkWriter:
         payload: dict[str, Any] = {**self._head, "choices": [choice]}
         if self._include_usage:
             payload["usage"] = None
+        if first:
+            payload[REPORT_FIELD] = self._report
         return self._sse(payload)
 
     @staticmethod

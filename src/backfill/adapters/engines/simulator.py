@@ -9,8 +9,11 @@ Two timing models (``docs/simulator.md`` has the formulas and every option):
   sequences run, an optional prefix cache, and optionally vLLM's priority scheduling (a
   request's ``priority`` orders the queue and preempts running requests of worse priority).
 
-Prompt tokens are the whitespace-separated words of the prompt text. Both models stream
-(``"stream": true``) and publish vLLM's metric names on ``/metrics``.
+Prompt tokens are the whitespace-separated words of the prompt text, plus a few per image or
+audio clip (``sim_prompt``, ``sim_media``). Both models stream chat and completions
+(``"stream": true``) and publish vLLM's metric names on ``/metrics``. Besides chat and
+completions it serves ``/v1/responses`` (``sim_responses``) and ``/v1/embeddings``
+(``sim_embeddings``, prefill-only requests) through the same timing model.
 
 Faults come at random rates, or on demand from a directive in the prompt text, which makes
 tests deterministic: ``[[sim:status=400]]``, ``[[sim:status=503]]``, ``[[sim:drop]]``,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,11 +35,14 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
-from backfill.adapters.engines import sim_replies
+from backfill.adapters.engines import sim_embeddings, sim_fields, sim_prompt, sim_replies
+from backfill.adapters.engines import sim_responses as responses
 from backfill.adapters.engines.sim_engine import EngineLoop, Ticket
+from backfill.adapters.engines.sim_fields import BadRequest
 from backfill.adapters.engines.sim_metrics import EngineSnapshot, render
 from backfill.adapters.engines.sim_model import BatchingConfig, BatchingModel, Phase, Sequence
 from backfill.adapters.engines.sim_prefix_cache import block_hashes
+from backfill.adapters.engines.sim_prompt import Prompt
 
 _DIRECTIVE = re.compile(r"\[\[sim:([a-z_]+)(?:=([0-9]+))?\]\]")
 
@@ -62,10 +69,14 @@ class SimulatorConfig:
     """vLLM's ``--scheduling-policy``: ``fcfs`` refuses a request whose priority is not 0;
     ``priority`` (needs slots) serves lower priority values first and preempts."""
     model_name: str = "simulated"
+    embedding_dimensions: int = 64
+    """Size of every ``/v1/embeddings`` vector; a request may ask for fewer."""
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_concurrency < 0:
             raise ValueError("slots and max_concurrency must not be negative")
+        if self.embedding_dimensions < 1:
+            raise ValueError("embedding_dimensions must be at least 1")
         if self.slots and self.max_concurrency:
             raise ValueError("slots replaces max_concurrency: set one of them, not both")
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -121,25 +132,23 @@ class _Ask:
         return "length" if self.tokens >= self.limit else "stop"
 
 
-class _BadRequest(Exception):
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-        self.message = message
+@dataclass(slots=True)
+class _Job:
+    """One generating request, as the timing models and the answer writers see it."""
+
+    number: int
+    body: dict[str, Any]
+    prompt: Prompt
+    directives: dict[str, str | None]
+    ask: _Ask
+    chat: bool
+    """Chat or completion shapes, whole or streamed."""
+    responses: responses.ResponsesAsk | None = None
+    """Set for ``/v1/responses``: answered whole, as a Response object."""
 
 
-def _prompt_text(body: dict[str, Any]) -> str:
-    if "messages" in body:
-        parts: list[str] = []
-        for message in body.get("messages") or []:
-            content = message.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        return "\n".join(parts)
-    prompt = body.get("prompt")
-    return prompt if isinstance(prompt, str) else str(prompt)
+def _directives(text: str) -> dict[str, str | None]:
+    return {m.group(1): m.group(2) for m in _DIRECTIVE.finditer(text)}
 
 
 def _ask(
@@ -153,33 +162,26 @@ def _ask(
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or value < 0
         ):
-            raise _BadRequest(name, f"{name} must be a non-negative integer")
+            raise BadRequest(name, f"{name} must be a non-negative integer")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _BadRequest("stream", "stream must be true or false")
+        raise BadRequest("stream", "stream must be true or false")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not stream:
-            raise _BadRequest("stream_options", "stream_options is only allowed with stream")
+            raise BadRequest("stream_options", "stream_options is only allowed with stream")
         if not isinstance(options, dict):
-            raise _BadRequest("stream_options", "stream_options must be an object")
+            raise BadRequest("stream_options", "stream_options must be an object")
         for key, value in options.items():
             if key != "include_usage":
-                raise _BadRequest(f"stream_options.{key}", f"unknown stream option {key}")
+                raise BadRequest(f"stream_options.{key}", f"unknown stream option {key}")
             if not isinstance(value, bool):
-                raise _BadRequest(
+                raise BadRequest(
                     "stream_options.include_usage", "include_usage must be true or false"
                 )
             include_usage = value
-    priority = body.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise _BadRequest("priority", "priority must be an integer")
-    if priority != 0 and not priority_scheduling:
-        # vLLM's words, as its OpenAI server refuses it under --scheduling-policy fcfs.
-        raise _BadRequest(
-            "priority", f"Got priority {priority} but Priority scheduling is not enabled."
-        )
+    priority = sim_fields.priority(body, priority_scheduling)
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     tokens = min(int(directives.get("tokens") or output_tokens), limit)
     return _Ask(limit, tokens, bool(stream), include_usage, priority)
@@ -209,6 +211,8 @@ class Simulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/stats", self._stats)
@@ -259,41 +263,107 @@ class Simulator:
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         self.stats.requests += 1
+        number = self.stats.requests
         try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return self._error(400, "request body is not JSON")
-        if not isinstance(body, dict):
-            return self._error(400, "request body must be a JSON object")
-        text = _prompt_text(body)
-        directives = {m.group(1): m.group(2) for m in _DIRECTIVE.finditer(text)}
-        try:
+            body = await self._json(request)
+            prompt = sim_prompt.of_body(body)
+            directives = _directives(prompt.text)
             ask = _ask(
                 body,
                 directives,
                 self.config.output_tokens,
-                priority_scheduling=self.config.scheduling_policy == "priority",
+                priority_scheduling=self._priority_scheduling,
             )
-        except _BadRequest as bad:
-            return self._error(400, bad.message, param=bad.param)
+        except BadRequest as bad:
+            return self._refuse(bad)
         self.stats.models[str(body.get("model"))] += 1
-        fault = self._fault(request, text, directives)
+        return await self._generate(request, _Job(number, body, prompt, directives, ask, chat))
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        number = self.stats.requests
+        try:
+            body = await self._json(request)
+            asked = responses.parse(body, self._priority_scheduling)
+        except BadRequest as bad:
+            return self._refuse(bad)
+        directives = _directives(asked.prompt.text)
+        # No max_output_tokens: the simulator's own answer length, never cut short.
+        limit = asked.max_output_tokens or sys.maxsize
+        tokens = min(int(directives.get("tokens") or self.config.output_tokens), limit)
+        ask = _Ask(limit, tokens, stream=False, include_usage=False, priority=asked.priority)
+        self.stats.models[asked.model] += 1
+        job = _Job(number, body, asked.prompt, directives, ask, chat=True, responses=asked)
+        return await self._generate(request, job)
+
+    async def _generate(self, request: web.Request, job: _Job) -> web.StreamResponse:
+        fault = self._fault(request, job.prompt.text, job.directives)
         if fault is not None:
             response: web.StreamResponse = await fault
             return response
         if self._engine is not None:
-            return await self._batched(request, body, text, directives, chat, ask)
+            return await self._batched(request, job)
         if self._slots is None:
-            return await self._answer(request, body, text, directives, chat, ask)
+            return await self._answer(request, job)
+        await self._wait_alone()
+        try:
+            return await self._answer(request, job)
+        finally:
+            self._slots.release()
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests += 1
+        size = self.config.embedding_dimensions
+        try:
+            body = await self._json(request)
+            ask = sim_embeddings.parse(body, size, self._priority_scheduling)
+        except BadRequest as bad:
+            return self._refuse(bad)
+        self.stats.models[ask.model] += 1
+        directives = _directives(ask.text)
+        fault = self._fault(request, ask.text, directives)
+        if fault is not None:
+            response: web.StreamResponse = await fault
+            return response
+        delay_s = float(directives.get("delay_ms") or 0) / 1000
+        if self._engine is not None:
+            await self._prefill_batched(ask, delay_s)
+        elif self._slots is None:
+            await self._prefill_alone(ask, delay_s)
+        else:
+            await self._wait_alone()
+            try:
+                await self._prefill_alone(ask, delay_s)
+            finally:
+                self._slots.release()
+        vectors = [sim_embeddings.vector(key, size, ask.dimensions) for key in ask.keys]
+        self.stats.by_status[200] += 1
+        return web.Response(
+            body=orjson.dumps(sim_embeddings.reply(ask, vectors)), content_type="application/json"
+        )
+
+    @property
+    def _priority_scheduling(self) -> bool:
+        return self.config.scheduling_policy == "priority"
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            raise BadRequest(None, "request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest(None, "request body must be a JSON object")
+        return body
+
+    async def _wait_alone(self) -> None:
+        """Take one of ``max_concurrency`` places; the caller releases it."""
+        assert self._slots is not None
         self._queued += 1
         try:
             await self._slots.acquire()
         finally:
             self._queued -= 1
-        try:
-            return await self._answer(request, body, text, directives, chat, ask)
-        finally:
-            self._slots.release()
 
     def _fault(self, request: web.Request, text: str, directives: dict[str, str | None]) -> Any:
         if "fail_first" in directives:
@@ -332,46 +402,36 @@ class Simulator:
         await asyncio.sleep(3600)
         return self._error(504, "unreachable")
 
-    def _error(
-        self,
-        status: int,
-        message: str,
-        retry_after: str | None = None,
-        param: str | None = None,
-    ) -> web.Response:
+    def _error(self, status: int, message: str, retry_after: str | None = None) -> web.Response:
         self.stats.by_status[status] += 1
         headers = {"Retry-After": retry_after} if retry_after else None
-        error: dict[str, Any] = {"message": message, "type": "simulated", "code": status}
-        if param is not None:
-            error = {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": param,
-                "code": "invalid_request_error",
-            }
+        error = {"message": message, "type": "simulated", "code": status}
         return web.json_response({"error": error}, status=status, headers=headers)
+
+    def _refuse(self, bad: BadRequest) -> web.Response:
+        self.stats.by_status[400] += 1
+        error = {
+            "message": bad.message,
+            "type": "invalid_request_error",
+            "param": bad.param,
+            "code": "invalid_request_error",
+        }
+        return web.json_response({"error": error}, status=400)
 
     # ---- each request timed alone ----------------------------------------------------------
 
-    async def _answer(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        text: str,
-        directives: dict[str, str | None],
-        chat: bool,
-        ask: _Ask,
-    ) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, job: _Job) -> web.StreamResponse:
         stats = self.stats
         stats.in_flight += 1
         stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
-        prompt_tokens = max(1, len(text.split()))
+        ask = job.ask
+        prompt_tokens = job.prompt.count
         c = self.config
-        first_s = (c.ttft_ms + float(directives.get("delay_ms") or 0)) / 1000
+        first_s = (c.ttft_ms + float(job.directives.get("delay_ms") or 0)) / 1000
         try:
             if ask.stream:
                 # The last token comes when the whole answer would: one itl_ms per token.
-                chunks = self._chunks(body, chat, ask)
+                chunks = self._chunks(job)
                 response = web.StreamResponse(headers=sim_replies.SSE_HEADERS)
                 await response.prepare(request)
                 await asyncio.sleep(first_s)
@@ -384,44 +444,57 @@ class Simulator:
                         )
                 if c.itl_ms <= 0 or ask.tokens == 0:
                     await response.write(chunks.tokens(0, ask.tokens, ask.finish_reason))
-                self._count_alone(prompt_tokens, ask)
+                self._count_alone(prompt_tokens, ask.tokens, ask.finish_reason)
                 return await self._close_stream(response, chunks, ask, prompt_tokens, None)
             await asyncio.sleep(first_s + c.itl_ms * ask.tokens / 1000)
         finally:
             stats.in_flight -= 1
-        self._count_alone(prompt_tokens, ask)
-        return self._whole(body, chat, ask, sim_replies.usage(prompt_tokens, ask.tokens, None))
+        self._count_alone(prompt_tokens, ask.tokens, ask.finish_reason)
+        return self._whole(job, prompt_tokens, None)
 
-    def _count_alone(self, prompt_tokens: int, ask: _Ask) -> None:
+    async def _prefill_alone(self, ask: sim_embeddings.EmbeddingAsk, delay_s: float) -> None:
+        stats = self.stats
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            await asyncio.sleep(self.config.ttft_ms / 1000 + delay_s)
+        finally:
+            stats.in_flight -= 1
+        for tokens in ask.inputs:
+            self._count_alone(max(1, len(tokens)), 0, "stop")
+
+    def _count_alone(self, prompt_tokens: int, output_tokens: int, finish_reason: str) -> None:
         alone = self._alone
         alone.prompt_tokens += prompt_tokens
-        alone.generation_tokens += ask.tokens
-        alone.finished[ask.finish_reason] = alone.finished.get(ask.finish_reason, 0) + 1
+        alone.generation_tokens += output_tokens
+        alone.finished[finish_reason] = alone.finished.get(finish_reason, 0) + 1
 
     # ---- continuous batching ---------------------------------------------------------------
 
-    async def _batched(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        text: str,
-        directives: dict[str, str | None],
-        chat: bool,
-        ask: _Ask,
-    ) -> web.StreamResponse:
+    def _sequence(
+        self, tokens: list[str], output_tokens: int, delay_s: float, finish: str, priority: int
+    ) -> Sequence:
         assert self._engine is not None
         model = self._engine.model
-        words = text.split()
-        seq = Sequence(
-            prompt_tokens=max(1, len(words)),
-            max_tokens=ask.tokens,
+        return Sequence(
+            prompt_tokens=max(1, len(tokens)),
+            max_tokens=output_tokens,
             arrived_at=asyncio.get_running_loop().time(),
-            block_hashes=block_hashes(words, model.config.block_tokens)
+            block_hashes=block_hashes(tokens, model.config.block_tokens)
             if model.cache is not None
             else (),
-            extra_prefill_s=float(directives.get("delay_ms") or 0) / 1000,
-            finish_reason=ask.finish_reason,
-            priority=ask.priority,
+            extra_prefill_s=delay_s,
+            finish_reason=finish,
+            priority=priority,
+        )
+
+    async def _batched(self, request: web.Request, job: _Job) -> web.StreamResponse:
+        assert self._engine is not None
+        model = self._engine.model
+        ask = job.ask
+        delay_s = float(job.directives.get("delay_ms") or 0) / 1000
+        seq = self._sequence(
+            job.prompt.tokens, ask.tokens, delay_s, ask.finish_reason, ask.priority
         )
         stats = self.stats
         stats.in_flight += 1
@@ -429,25 +502,44 @@ class Simulator:
         ticket = self._engine.submit(seq, stream=ask.stream)
         try:
             if ask.stream:
-                return await self._stream_batched(request, body, chat, ask, ticket)
+                return await self._stream_batched(request, job, ticket)
             await ticket.done
         finally:
             stats.in_flight -= 1
             # A no-op once the answer is complete; otherwise the client left and the slot frees.
             self._engine.abort(ticket)
-        cached = seq.cached_tokens if model.cache is not None else None
-        return self._whole(
-            body, chat, ask, sim_replies.usage(seq.prompt_tokens, ask.tokens, cached)
-        )
+        if model.cache is None:
+            return self._whole(job, seq.prompt_tokens, None)
+        # The prompt's full blocks entered the cache at the end of its prefill.
+        written = len(seq.block_hashes) * model.config.block_tokens - seq.cached_tokens
+        return self._whole(job, seq.prompt_tokens, seq.cached_tokens, max(0, written))
+
+    async def _prefill_batched(self, ask: sim_embeddings.EmbeddingAsk, delay_s: float) -> None:
+        """Each input is a sequence of its own that ends with its prefill, as vLLM splits an
+        embedding request's inputs."""
+        assert self._engine is not None
+        engine = self._engine
+        seqs = [self._sequence(t, 0, delay_s, "stop", ask.priority) for t in ask.inputs]
+        stats = self.stats
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        tickets = [engine.submit(seq, stream=False) for seq in seqs]
+        try:
+            await asyncio.gather(*(ticket.done for ticket in tickets))
+        finally:
+            stats.in_flight -= 1
+            for ticket in tickets:
+                engine.abort(ticket)
 
     async def _stream_batched(
-        self, request: web.Request, body: dict[str, Any], chat: bool, ask: _Ask, ticket: Ticket
+        self, request: web.Request, job: _Job, ticket: Ticket
     ) -> web.StreamResponse:
         assert self._engine is not None
         assert ticket.progress is not None
         model = self._engine.model
+        ask = job.ask
         seq = ticket.seq
-        chunks = self._chunks(body, chat, ask)
+        chunks = self._chunks(job)
         response = web.StreamResponse(headers=sim_replies.SSE_HEADERS)
         await response.prepare(request)
         sent = 0
@@ -467,13 +559,14 @@ class Simulator:
 
     # ---- answers ---------------------------------------------------------------------------
 
-    def _chunks(self, body: dict[str, Any], chat: bool, ask: _Ask) -> sim_replies.ChunkWriter:
+    def _chunks(self, job: _Job) -> sim_replies.ChunkWriter:
         return sim_replies.ChunkWriter(
-            chat=chat,
-            number=self.stats.requests,
+            chat=job.chat,
+            number=job.number,
             created=int(time.time()),
-            model=body.get("model"),
-            include_usage=ask.include_usage,
+            model=job.body.get("model"),
+            include_usage=job.ask.include_usage,
+            received=job.prompt.received,
         )
 
     async def _close_stream(
@@ -494,17 +587,32 @@ class Simulator:
         return response
 
     def _whole(
-        self, body: dict[str, Any], chat: bool, ask: _Ask, usage: dict[str, Any]
+        self, job: _Job, prompt_tokens: int, cached_tokens: int | None, written_tokens: int = 0
     ) -> web.Response:
-        payload = sim_replies.completion(
-            chat=chat,
-            number=self.stats.requests,
-            created=int(time.time()),
-            model=body.get("model"),
-            tokens=ask.tokens,
-            finish_reason=ask.finish_reason,
-            usage=usage,
-        )
+        ask = job.ask
+        created = int(time.time())
+        payload: dict[str, Any]
+        if job.responses is not None:
+            payload = responses.reply(
+                job.responses,
+                number=job.number,
+                created=created,
+                tokens=ask.tokens,
+                cut_short=ask.finish_reason == "length",
+                cached_tokens=cached_tokens or 0,
+                written_tokens=written_tokens,
+            )
+        else:
+            payload = sim_replies.completion(
+                chat=job.chat,
+                number=job.number,
+                created=created,
+                model=job.body.get("model"),
+                tokens=ask.tokens,
+                finish_reason=ask.finish_reason,
+                usage=sim_replies.usage(prompt_tokens, ask.tokens, cached_tokens),
+                received=job.prompt.received,
+            )
         self.stats.by_status[200] += 1
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
