@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +25,13 @@ from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.pressure import Flavor, MetricsProbe
+from backfill.adapters.fetch import FetchPolicy, SafeFetcher
 from backfill.adapters.http.app import create_app
 from backfill.adapters.private import private_dir, tighten_file
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
+from backfill.domain.media import MediaLimits
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine, PressureProbe
 from backfill.runner.engines import Sharing
@@ -44,6 +47,8 @@ from backfill.services.retention import Janitor
 from backfill.services.tenants import TenantService
 from backfill.settings import (
     LOCAL_CONTEXT,
+    LOCAL_EMBEDDING_ENGINE,
+    LOCAL_EMBEDDING_MODEL,
     LOCAL_ENGINE,
     LOCAL_MODEL,
     EngineSettings,
@@ -64,6 +69,8 @@ class Backfill:
     master: MasterKey
     clock: Clock
     processes: list[ManagedProcess] = field(default_factory=list)
+    # Started by the worker when work waits for them (runner/engines.py), not at start.
+    on_demand: list[ManagedProcess] = field(default_factory=list)
 
     async def init(self) -> None:
         """Bring the schema up to date and check the master key against the database."""
@@ -96,7 +103,7 @@ class Backfill:
     async def stop(self) -> None:
         if self.worker is not None:
             await self.worker.stop()
-        await asyncio.gather(*(p.stop() for p in self.processes))
+        await asyncio.gather(*(p.stop() for p in [*self.processes, *self.on_demand]))
         await self.blobs.close()
         await self.store.close()
 
@@ -149,9 +156,18 @@ def _raw_store(settings: Settings) -> RawStore:
     return LocalRawStore(settings.resolved_storage_path)
 
 
-def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess], Sharing]:
-    engines: list[Engine] = []
-    processes: list[ManagedProcess] = []
+@dataclass
+class _Engines:
+    engines: list[Engine] = field(default_factory=list)
+    # Managed processes started with Backfill, and those started when work waits for them.
+    processes: list[ManagedProcess] = field(default_factory=list)
+    on_demand: dict[str, ManagedProcess] = field(default_factory=dict)
+    sharing: Sharing | None = None
+
+
+def _engines(settings: Settings) -> _Engines:
+    built = _Engines()
+    engines, processes = built.engines, built.processes
     limits: dict[str, ConcurrencyLimit] = {}
     probes: dict[str, PressureProbe] = {}
     if settings.local_engine:
@@ -170,6 +186,25 @@ def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess], Sh
             )
         )
         limits[LOCAL_ENGINE] = ConcurrencyLimit(concurrency, settings.local_engine_mode)
+    if settings.serves_local_embeddings:
+        process = ManagedProcess(
+            LOCAL_EMBEDDING_ENGINE,
+            llama_cpp_command(
+                LOCAL_EMBEDDING_MODEL, n_ctx=LOCAL_CONTEXT, parallel=1, embedding=True
+            ),
+        )
+        if settings.local_embeddings == "auto":
+            built.on_demand[LOCAL_EMBEDDING_ENGINE] = process
+        else:
+            processes.append(process)
+        engines.append(
+            OpenAIHttpEngine(
+                LOCAL_EMBEDDING_ENGINE,
+                process.base_url,
+                {LOCAL_EMBEDDING_MODEL: LOCAL_EMBEDDING_MODEL},
+                max_concurrency=settings.local_engine_concurrency,
+            )
+        )
     for spec in settings.engines:
         base_url = spec.base_url
         if spec.command:
@@ -191,7 +226,23 @@ def _engines(settings: Settings) -> tuple[list[Engine], list[ManagedProcess], Sh
         if spec.mode == Mode.SHARED and spec.signal != "latency":
             flavor = None if spec.signal == "auto" else Flavor(spec.signal)
             probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
-    return engines, processes, Sharing(limits, probes, settings.pressure_interval_s)
+    built.sharing = Sharing(limits, probes, settings.pressure_interval_s)
+    return built
+
+
+def _media_fetcher(settings: Settings) -> SafeFetcher:
+    """Fetches https images when their requests run (SPEC §10.4, docs/security.md)."""
+    context = None
+    if settings.fetch_ca_file is not None:
+        context = ssl.create_default_context(cafile=str(settings.fetch_ca_file))
+    policy = FetchPolicy(
+        max_bytes=settings.max_media_part_bytes,
+        timeout_s=settings.fetch_timeout_s,
+        connect_timeout_s=settings.fetch_connect_timeout_s,
+        allow_http=settings.fetch_allow_http,
+        allow_private=settings.fetch_allow_private,
+    )
+    return SafeFetcher(policy, ssl_context=context)
 
 
 def _limit(spec: EngineSettings) -> ConcurrencyLimit:
@@ -227,7 +278,17 @@ def build(
     keyring = master.keyring
     blobs = EncryptedBlobStore(_raw_store(settings), keyring)
     catalog = CatalogService(store, clock)
-    limits = Limits(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes)
+    limits = Limits(
+        settings.max_file_bytes,
+        settings.max_lines,
+        settings.max_line_bytes,
+        MediaLimits(
+            settings.max_media_part_bytes,
+            settings.max_media_bytes_per_line,
+            settings.max_media_parts_per_line,
+        ),
+        settings.max_expanded_file_bytes,
+    )
     files = FileService(
         store,
         blobs,
@@ -239,10 +300,11 @@ def build(
     )
     metrics = Metrics()
     worker: Worker | None = None
-    processes: list[ManagedProcess] = []
+    built = _Engines()
     if role in ("all", "worker"):
         if engines is None:
-            engines, processes, sharing = _engines(settings)
+            built = _engines(settings)
+            engines, sharing = built.engines, built.sharing
         worker = Worker(
             store,
             blobs,
@@ -261,6 +323,8 @@ def build(
                 margin_fraction=settings.deadline_margin_fraction,
             ),
             sharing,
+            built.on_demand,
+            _media_fetcher(settings),
         )
     batches = BatchService(
         store,
@@ -283,4 +347,14 @@ def build(
         BillingService(store, store, clock),
         operations,
     )
-    return Backfill(settings, store, blobs, services, worker, master, clock, processes)
+    return Backfill(
+        settings,
+        store,
+        blobs,
+        services,
+        worker,
+        master,
+        clock,
+        built.processes,
+        list(built.on_demand.values()),
+    )

@@ -148,6 +148,14 @@ class MediaFetcher(Protocol):
     async def close(self) -> None: ...
 
 
+class WaitingWork(Protocol):
+    """What the queue tells about work no engine has claimed yet (a ``WorkQueue`` role)."""
+
+    async def ready_models(self, models: Sequence[str]) -> set[str]:
+        """Which of ``models`` have queued lines a claim could take now."""
+        ...
+
+
 class PressureProbe(Protocol):
     """Reads a shared engine's own load (its metrics)."""
 

@@ -1,5 +1,5 @@
-"""Engine slots and health: how many requests each engine may take now, and the claimed
-requests waiting for one."""
+"""Engine slots and health: how many requests each engine may take now, the claimed requests
+waiting for one, and the engines that run only while work waits for them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.domain.records import ClaimedItem, WorkBatch
-from backfill.ports import Engine, PressureProbe
+from backfill.ports import Engine, PressureProbe, WaitingWork
 from backfill.runner.inputs import ClaimInput
 
 log = logging.getLogger("backfill.runner")
@@ -33,6 +34,28 @@ Start = Callable[["EngineSlot", Queued], None]
 
 # A shared engine whose metrics cannot be read is looked at again this much later.
 _PROBE_RETRY_S = 5.0
+# An engine started on demand stops after this long without a request: idle, its process
+# still holds CPU threads and the model's memory, and starting it again takes seconds.
+IDLE_STOP_S = 600.0
+# How often the queue is asked whether work waits for an engine started on demand that is not
+# running: a start takes seconds anyway, and a read every few seconds is little next to the
+# dispatcher's claims, several a second.
+ON_DEMAND_CHECK_S = 2.0
+
+
+class Switch(Protocol):
+    """The process of an engine that runs only while work waits for it."""
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped since (it may not answer yet)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """End the process; ``running`` is False from the call on."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +83,14 @@ class EngineSlot:
         start: Start,
         wake: Callable[[], None],
         limit: ConcurrencyLimit | None = None,
+        switch: Switch | None = None,
     ) -> None:
         self.engine = engine
         self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
+        # Set for an engine started on demand (``OnDemand``); None: it runs all along.
+        self.switch = switch
+        # Requests ended, ever: an engine started on demand is idle while this stands still.
+        self.finished = 0
         self._start = start
         self._wake = wake
         self._in_flight = 0
@@ -90,6 +118,11 @@ class EngineSlot:
     @property
     def healthy(self) -> bool:
         return self._healthy
+
+    @property
+    def parked(self) -> bool:
+        """An engine started on demand that is not running: down, without asking it."""
+        return self.switch is not None and not self.switch.running
 
     @property
     def backlog(self) -> tuple[Queued, ...]:
@@ -122,6 +155,7 @@ class EngineSlot:
         if self._in_flight <= 0:
             raise RuntimeError(f"engine {self.engine.name}: a request ended that never started")
         self._in_flight -= 1
+        self.finished += 1
         self._wake()
         self._fill()
 
@@ -166,14 +200,22 @@ class EngineSlot:
 
     async def check(self) -> bool:
         """Ask the engine whether it is up; one that comes back takes its backlog at once."""
-        was = self._healthy
-        self._healthy = await self.engine.healthy()
-        if self._healthy != was:
-            log.info("engine %s is %s", self.engine.name, "up" if self._healthy else "down")
-            if self._healthy:
+        healthy = not self.parked and await self.engine.healthy()
+        # Parked while it was asked: the answer came from a process that is stopping.
+        self._set_health(healthy and not self.parked)
+        return self._healthy
+
+    def down(self) -> None:
+        """Take no more work: the engine is about to stop."""
+        self._set_health(False)
+
+    def _set_health(self, healthy: bool) -> None:
+        was, self._healthy = self._healthy, healthy
+        if healthy != was:
+            log.info("engine %s is %s", self.engine.name, "up" if healthy else "down")
+            if healthy:
                 self._wake()
                 self._fill()
-        return self._healthy
 
     def _fill(self) -> None:
         while self.free > 0 and self._backlog:
@@ -187,12 +229,20 @@ class EnginePool:
     capacity freed up (or work arrived)."""
 
     def __init__(
-        self, engines: Sequence[Engine], start: Start, sharing: Sharing | None = None
+        self,
+        engines: Sequence[Engine],
+        start: Start,
+        sharing: Sharing | None = None,
+        switches: Mapping[str, Switch] | None = None,
     ) -> None:
         self._woken = asyncio.Event()
+        self._recheck = asyncio.Event()
         self._sharing = sharing or Sharing()
-        limits = self._sharing.limits
-        self.slots = [EngineSlot(e, start, self._woken.set, limits.get(e.name)) for e in engines]
+        limits, switches = self._sharing.limits, switches or {}
+        self.slots = [
+            EngineSlot(e, start, self._woken.set, limits.get(e.name), switches.get(e.name))
+            for e in engines
+        ]
         self._tasks: list[asyncio.Task[None]] = []
 
     def wake(self) -> None:
@@ -215,12 +265,19 @@ class EnginePool:
                 name = f"engine-pressure-{slot.engine.name}"
                 self._tasks.append(asyncio.create_task(self._probe(slot, probe), name=name))
 
+    def recheck(self) -> None:
+        """Look at every engine's health now (an engine was just started)."""
+        self._recheck.set()
+
     async def _watch(self) -> None:
         while True:
+            self._recheck.clear()
             for slot in self.slots:
                 await slot.check()
-            healthy = all(s.healthy for s in self.slots)
-            await asyncio.sleep(5.0 if healthy else 0.5)
+            # A parked engine is down on purpose: the others are not watched closer for it.
+            healthy = all(s.healthy or s.parked for s in self.slots)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), 5.0 if healthy else 0.5)
 
     async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
         """Follow a shared engine's load from its metrics, as often as the settings say
@@ -247,3 +304,77 @@ class EnginePool:
             await slot.engine.close()
         for probe in self._sharing.probes.values():
             await probe.close()
+
+
+class OnDemand:
+    """Starts each engine that has a ``Switch`` once the queue holds work for its models, and
+    stops it again after ``idle_stop_s`` without a request, giving its CPU and memory back."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        queue: WaitingWork,
+        *,
+        idle_stop_s: float = IDLE_STOP_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._queue = queue
+        self._idle_stop_s = idle_stop_s
+        self._clock = clock
+        self._switched = [(s, s.switch) for s in pool.slots if s.switch is not None]
+        # Per engine: its ``finished`` count when last seen busy, and when that was.
+        self._busy: dict[str, tuple[int, float]] = {}
+
+    @property
+    def slots(self) -> list[EngineSlot]:
+        return [slot for slot, _ in self._switched]
+
+    async def step(self) -> None:
+        """Start the parked engines that work waits for; stop the running ones long idle."""
+        parked = [(slot, switch) for slot, switch in self._switched if not switch.running]
+        if parked:
+            await self._start_wanted(parked)
+        for slot, switch in self._switched:
+            if switch.running:
+                await self._stop_if_idle(slot, switch)
+
+    async def _start_wanted(self, parked: list[tuple[EngineSlot, Switch]]) -> None:
+        models = sorted({model for slot, _ in parked for model in slot.engine.models})
+        ready = await self._queue.ready_models(models)
+        started = False
+        for slot, switch in parked:
+            waiting = sorted(ready.intersection(slot.engine.models))
+            if not waiting:
+                continue
+            log.info(
+                "engine %s starts on demand: work waits for %s",
+                slot.engine.name,
+                ", ".join(waiting),
+            )
+            await switch.start()
+            self._busy[slot.engine.name] = (slot.finished, self._clock())
+            started = True
+        if started:
+            self._pool.recheck()
+
+    async def _stop_if_idle(self, slot: EngineSlot, switch: Switch) -> None:
+        name, now = slot.engine.name, self._clock()
+        finished, since = self._busy.setdefault(name, (slot.finished, now))
+        if _busy(slot) or finished != slot.finished:
+            self._busy[name] = (slot.finished, now)
+            return
+        if now - since < self._idle_stop_s:
+            return
+        # Work may wait that a starting or failing engine could not take yet: keep it running.
+        if await self._queue.ready_models(slot.engine.models) or _busy(slot):
+            self._busy[name] = (slot.finished, now)
+            return
+        log.info("engine %s stops: no request for %.0f s", name, now - since)
+        # No await between the two: the dispatcher claims nothing more for it.
+        slot.down()
+        await switch.stop()
+
+
+def _busy(slot: EngineSlot) -> bool:
+    return slot.in_flight > 0 or bool(slot.backlog)

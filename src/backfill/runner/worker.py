@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,13 +21,21 @@ from backfill.ports import (
     Clock,
     Engine,
     LedgerStore,
+    MediaFetcher,
     ResultStore,
     Sealer,
+    WaitingWork,
     WorkQueue,
 )
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool, Sharing
+from backfill.runner.engines import (
+    ON_DEMAND_CHECK_S,
+    EnginePool,
+    OnDemand,
+    Sharing,
+    Switch,
+)
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
@@ -86,7 +94,7 @@ class WorkerConfig:
         )
 
 
-class WorkerStore(WorkQueue, BatchStore, ResultStore, LedgerStore, Protocol):
+class WorkerStore(WorkQueue, WaitingWork, BatchStore, ResultStore, LedgerStore, Protocol):
     """The roles the worker's parts use, each handed only its own."""
 
 
@@ -105,7 +113,10 @@ class Worker:
         metrics: Metrics | None = None,
         planner: Planner | None = None,
         sharing: Sharing | None = None,
+        on_demand: Mapping[str, Switch] | None = None,
+        media: MediaFetcher | None = None,
     ) -> None:
+        self._media = media
         self._store = store
         self._config = config
         self._clock = clock
@@ -133,8 +144,10 @@ class Worker:
             catalog=catalog,
             clock=clock,
             retry_max_s=config.retry_max_s,
+            media=media,
         )
-        self._pool = EnginePool(engines, self._requests.start, sharing)
+        self._pool = EnginePool(engines, self._requests.start, sharing, on_demand)
+        self._on_demand = OnDemand(self._pool, store)
         self._dispatcher = Dispatcher(
             store,
             store,
@@ -172,6 +185,8 @@ class Worker:
         loops.every("leases", config.lease_s / 3, self.heartbeat)
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
+        if self._on_demand.slots:
+            loops.every("engines-on-demand", ON_DEMAND_CHECK_S, self._on_demand.step, at_once=True)
         if self._planner is not None:
             loops.every("planner", self._planner.interval_s, self._planner.plan, at_once=True)
 
@@ -194,6 +209,8 @@ class Worker:
         await self._results.stop()
         await self.charge_gpu_time()
         await self._pool.stop()
+        if self._media is not None:
+            await self._media.close()
 
     def observe(self) -> None:
         """Refresh the gauges the worker alone knows (scraped with /metrics)."""

@@ -14,7 +14,19 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, TextClause, bindparam, delete, func, select, text, tuple_, update
+from sqlalchemy import (
+    Select,
+    TextClause,
+    bindparam,
+    delete,
+    func,
+    not_,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -160,6 +172,25 @@ class ClaimQueries(SqlBase):
                     )
                 )
         return claims
+
+    async def ready_models(self, models: Sequence[str]) -> set[str]:
+        """Which of ``models`` have a lane a claim could take lines from (the claim's own
+        test, without its locks): what an engine started on demand waits for."""
+        if not models:
+            return set()
+        ln, o = t.lanes, t.orgs
+        query = (
+            select(ln.c.model)
+            .distinct()
+            .join_from(ln, o, o.c.id == ln.c.org_id)
+            .where(
+                ln.c.model.in_(list(models)),
+                ln.c.ready > 0,
+                or_(not_(ln.c.metered), o.c.balance > 0),
+            )
+        )
+        async with self.engine.connect() as conn:
+            return {row.model for row in await conn.execute(query)}
 
     async def _lease_lines(
         self,

@@ -34,13 +34,16 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def llama_cpp_command(model_alias: str, n_ctx: int, parallel: int) -> list[str]:
-    """The llama.cpp OpenAI-compatible server serving the bundled SmolLM2 model."""
+def llama_cpp_command(
+    model_alias: str, n_ctx: int, parallel: int, *, embedding: bool = False
+) -> list[str]:
+    """The llama.cpp OpenAI-compatible server serving the bundled SmolLM2 model; with
+    ``embedding``, its ``/v1/embeddings`` instead of generation."""
     if importlib.util.find_spec("llama_cpp") is None:
         raise RuntimeError(
             "The local engine needs the 'local-engine' extra: pip install 'backfill[local-engine]'"
         )
-    return [
+    command = [
         sys.executable,
         "-m",
         "llama_cpp.server",
@@ -56,6 +59,25 @@ def llama_cpp_command(model_alias: str, n_ctx: int, parallel: int) -> list[str]:
         str(n_ctx * parallel),
         "--n_threads",
         "2",
+    ]
+    if embedding:
+        command += _embedding_flags(n_ctx * parallel)
+    return command
+
+
+def _embedding_flags(n_ctx: int) -> list[str]:
+    # SmolLM2's GGUF names no pooling, so llama.cpp would answer a vector per token: mean
+    # pooling makes one vector per input, as OpenAI's API has it. llama-cpp-python cuts each
+    # input to one batch of tokens (512 unless told), so a batch holds the whole context.
+    return [
+        "--embedding",
+        "true",
+        "--kv_overrides",
+        "llama.pooling_type=int:1",
+        "--n_batch",
+        str(n_ctx),
+        "--n_ubatch",
+        str(n_ctx),
     ]
 
 
@@ -75,7 +97,16 @@ class ManagedProcess:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def running(self) -> bool:
+        """Started and not stopped since (its process may still be loading, or restarting)."""
+        return self._task is not None and not self._stopping
+
     async def start(self) -> None:
+        """Start the process, or start it again after ``stop``; a running one is left alone."""
+        if self.running:
+            return
+        self._stopping = False
         self._task = asyncio.create_task(self._supervise(), name=f"engine-{self.name}")
 
     async def _spawn(self) -> asyncio.subprocess.Process:
@@ -104,8 +135,9 @@ class ManagedProcess:
             backoff = min(backoff * 2, 30.0)
 
     async def stop(self) -> None:
+        """End the process; ``running`` is False from the call on."""
         self._stopping = True
-        process = self._process
+        process, task = self._process, self._task
         if process is not None and process.returncode is None:
             process.terminate()
             try:
@@ -113,7 +145,7 @@ class ManagedProcess:
             except TimeoutError:
                 process.kill()
                 await process.wait()
-        if self._task is not None:
-            self._task.cancel()
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
