@@ -52,6 +52,13 @@ def request_line(
     )
 
 
+def short_line(i: int) -> bytes:
+    """A request as small as a chat line gets: what per-line costs are measured with."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 16}
+    line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return orjson.dumps(line) + b"\n"
+
+
 def write_input(path: Path, lines: int, max_tokens: int = 64) -> int:
     with path.open("wb") as out:
         for i in range(lines):

@@ -38,13 +38,12 @@ import httpx
 # state to choose, which a server without a display lacks anyway.
 from matplotlib.figure import Figure
 
-# The acceptance bench's lines: a million of them are known to upload within its RSS target.
-from bench.accept_1m import short_line
 from bench.common import (
     cpu_seconds,
     create_batch,
     multipart,
     peak_rss_mb,
+    short_line,
     sim_config,
     start_backfill,
     start_simulator,

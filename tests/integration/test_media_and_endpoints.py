@@ -1,0 +1,216 @@
+"""Batches of every input kind through Backfill and the simulator: images inline and fetched
+(engines never see a user's URL), failed fetches as error rows, Responses and embeddings lines
+billed from their own usage fields, and each model's endpoints in GET /v1/models."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.settings import ModelSettings, PricingSettings
+from tests.support import InProcess, in_process_backfill, jsonl, running_simulator
+from tests.tls_support import make_pki
+
+VISION = "sim-vision"
+EMBED = "sim-embed"
+PRICES = PricingSettings(input=1_000_000, cached_input=500_000, output=2_000_000)
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 200
+INLINE = "data:image/png;base64," + base64.b64encode(PNG).decode()
+
+
+@pytest.fixture
+async def images() -> AsyncIterator[str]:
+    """An HTTPS image host on 127.0.0.1 with a certificate from the test CA; its base URL."""
+
+    async def image(_: web.Request) -> web.Response:
+        return web.Response(body=PNG, content_type="image/png")
+
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text="<html></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/cat.png", image)
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=make_pki().server_context())
+    await site.start()
+    try:
+        yield f"https://localhost:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _models() -> list[ModelSettings]:
+    return [
+        ModelSettings(
+            id=VISION,
+            model_config_id="sim-vision-v1",
+            modalities=["text", "image", "audio"],
+            endpoints=["/v1/chat/completions", "/v1/responses"],
+            batch=PRICES,
+        ),
+        ModelSettings(
+            id=EMBED, model_config_id="sim-embed-v1", endpoints=["/v1/embeddings"], batch=PRICES
+        ),
+    ]
+
+
+async def _backfill(tmp: Path, sim_url: str, **overrides: Any) -> Any:
+    ca = tmp / "ca.pem"
+    ca.write_bytes(make_pki().ca_pem)
+    engine = OpenAIHttpEngine("sim", sim_url, {VISION: VISION, EMBED: EMBED}, request_timeout_s=5)
+    values = {"fetch_ca_file": ca, "fetch_timeout_s": 3.0, "models": _models(), **overrides}
+    return in_process_backfill(tmp / "data", sim_url, engines=[engine], **values)
+
+
+def _chat(custom_id: str, *parts: dict[str, Any]) -> dict[str, Any]:
+    content = [{"type": "text", "text": "What is this?"}, *parts]
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": VISION,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}],
+        },
+    }
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+async def _run(backfill: InProcess, rows: list[dict[str, Any]], endpoint: str) -> dict[str, Any]:
+    uploaded = await backfill.upload(jsonl(rows))
+    assert uploaded.status_code == 200, uploaded.text
+    created = await backfill.create(uploaded.json()["id"], endpoint=endpoint)
+    assert created.status_code == 200, created.text
+    return await backfill.wait(created.json()["id"])
+
+
+async def _rows(backfill: InProcess, batch: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    rows = await backfill.rows(batch["output_file_id"]) + await backfill.rows(
+        batch["error_file_id"]
+    )
+    return {row["custom_id"]: row for row in rows}
+
+
+async def test_images_reach_the_engine_inline_only(tmp_path: Path, images: str) -> None:
+    async with (
+        running_simulator() as (url, _),
+        await _backfill(tmp_path, url, fetch_allow_private=True) as backfill,
+    ):
+        batch = await _run(
+            backfill,
+            [
+                _chat("inline", _image(INLINE)),
+                _chat("remote", _image(f"{images}/cat.png"), _image(f"{images}/cat.png")),
+                _chat("not-an-image", _image(f"{images}/page")),
+                _chat("missing", _image(f"{images}/nothing.png")),
+            ],
+            "/v1/chat/completions",
+        )
+        rows = await _rows(backfill, batch)
+    assert batch["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    for custom_id, count in (("inline", 1), ("remote", 2)):
+        received = rows[custom_id]["response"]["body"]["backfill_simulator"]["received"]
+        assert received["images"] == count
+        assert received["image_bytes"] == count * len(PNG)
+        assert received["image_types"] == ["image/png"] * count
+    for custom_id, words in (("not-an-image", "text/html"), ("missing", "404")):
+        row = rows[custom_id]
+        assert row["response"] is None
+        assert row["error"]["code"] == "image_fetch_failed"
+        assert words in row["error"]["message"]
+
+
+async def test_a_private_image_host_is_refused_when_the_row_runs(
+    tmp_path: Path, images: str
+) -> None:
+    async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
+        batch = await _run(
+            backfill,
+            [_chat("private", _image(f"{images}/cat.png")), _chat("fine", _image(INLINE))],
+            "/v1/chat/completions",
+        )
+        rows = await _rows(backfill, batch)
+    assert batch["status"] == "completed"
+    assert rows["fine"]["response"]["status_code"] == 200
+    error = rows["private"]["error"]
+    assert error["code"] == "image_fetch_failed"
+    assert "loopback" in error["message"] or "private" in error["message"]
+
+
+async def test_responses_lines_are_billed_from_their_usage(tmp_path: Path) -> None:
+    line = {
+        "custom_id": "r-1",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": VISION, "input": "Say hi", "max_output_tokens": 4},
+    }
+    async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
+        batch = await _run(backfill, [line], "/v1/responses")
+        (row,) = (await _rows(backfill, batch)).values()
+        body = row["response"]["body"]
+        assert body["object"] == "response"
+        receipt = (
+            await backfill.client.get(f"/v1/receipts/{row['response']['request_id']}")
+        ).json()
+    usage = body["usage"]
+    assert usage["input_tokens"] > 0
+    assert usage["output_tokens"] > 0
+    assert (receipt["usage"]["input_tokens"], receipt["usage"]["output_tokens"]) == (
+        usage["input_tokens"],
+        usage["output_tokens"],
+    )
+    assert batch["usage"]["output_tokens"] == usage["output_tokens"]
+
+
+async def test_embeddings_lines_are_billed_for_input_tokens_only(tmp_path: Path) -> None:
+    rows = [
+        {
+            "custom_id": f"e-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": EMBED, "input": text},
+        }
+        for i, text in enumerate(["a cat", "a cat", "a dog"])
+    ]
+    async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
+        batch = await _run(backfill, rows, "/v1/embeddings")
+        out = await _rows(backfill, batch)
+        receipts = [
+            (await backfill.client.get(f"/v1/receipts/{r['response']['request_id']}")).json()
+            for r in out.values()
+        ]
+    vectors = {k: r["response"]["body"]["data"][0]["embedding"] for k, r in out.items()}
+    assert vectors["e-0"] == vectors["e-1"] != vectors["e-2"]
+    assert all(r["usage"]["output_tokens"] == 0 for r in receipts)
+    assert all(r["usage"]["input_tokens"] > 0 for r in receipts)
+    assert batch["usage"]["output_tokens"] == 0
+
+
+async def test_models_say_which_endpoints_they_serve(tmp_path: Path) -> None:
+    async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
+        models = {m["id"]: m for m in (await backfill.client.get("/v1/models")).json()["data"]}
+        refused = await backfill.upload(
+            jsonl([{**_chat("x"), "body": {**_chat("x")["body"], "model": EMBED}}])
+        )
+    assert models[VISION]["batch"]["endpoints"] == ["/v1/chat/completions", "/v1/responses"]
+    assert models[VISION]["batch"]["modalities"] == ["audio", "image", "text"]
+    assert models[EMBED]["batch"]["endpoints"] == ["/v1/embeddings"]
+    error = refused.json()["error"]
+    assert (refused.status_code, error["code"], error["param"], error["line"]) == (
+        400,
+        "invalid_url",
+        "url",
+        1,
+    )
