@@ -241,6 +241,7 @@ def _media_fetcher(settings: Settings) -> SafeFetcher:
         connect_timeout_s=settings.fetch_connect_timeout_s,
         allow_http=settings.fetch_allow_http,
         allow_private=settings.fetch_allow_private,
+        allowed_networks=tuple(settings.fetch_allowed_networks),
     )
     return SafeFetcher(policy, ssl_context=context)
 

@@ -207,6 +207,8 @@ class Settings(BaseSettings):
     # For development and tests only: plain http, and hosts on private or loopback addresses.
     fetch_allow_http: bool = False
     fetch_allow_private: bool = False
+    # Networks (CIDR) fetched from even when private: an internal image store, say.
+    fetch_allowed_networks: list[str] = Field(default_factory=list)
     # A PEM bundle of CAs to trust instead of the system's (a private CA in development).
     fetch_ca_file: Path | None = None
     min_completion_window_s: int = 24 * 3600

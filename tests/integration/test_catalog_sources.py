@@ -83,3 +83,55 @@ def test_each_source_builds_the_same_entry(tmp_path: Path, monkeypatch: pytest.M
         assert deployment == toml_deployment
     assert toml_model.modalities == frozenset({"text"})
     assert models["cli-vision"].modalities == frozenset({"text", "image"})
+
+
+async def _publish(data: Path) -> list[httpx.Response]:
+    settings = Settings(data_dir=data, local_engine=False, admin_token=TOKEN)
+    backfill = build(settings, role="api")
+    await backfill.init()
+    try:
+        transport = httpx.ASGITransport(app=backfill.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://backfill.test") as c:
+            bodies = [
+                {
+                    "model_config_id": "v1",
+                    "modalities": ["text", "image", "audio"],
+                    "endpoints": ["/v1/chat/completions", "/v1/responses"],
+                    "batch": {"input": 1, "output": 2},
+                },
+                {"model_config_id": "v1", "modalities": ["text", "video"]},
+                {"model_config_id": "v1", "modalities": ["image"]},
+                {"model_config_id": "v1", "endpoints": ["/v1/images/generations"]},
+            ]
+            return [
+                await c.put("/admin/v1/models/vision", json=body, headers=ADMIN) for body in bodies
+            ]
+    finally:
+        await backfill.store.close()
+
+
+def test_admin_publishes_modalities_and_endpoints(tmp_path: Path) -> None:
+    published, video, no_text, unknown = asyncio.run(_publish(tmp_path))
+    assert published.status_code == 200, published.text
+    batch = published.json()["batch"]
+    assert batch["modalities"] == ["audio", "image", "text"]
+    assert batch["endpoints"] == ["/v1/chat/completions", "/v1/responses"]
+    for refused, param in ((video, "modalities"), (no_text, "modalities"), (unknown, "endpoints")):
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == param
+    cli(
+        tmp_path,
+        "model",
+        "set",
+        "embedder",
+        "--config-id",
+        "e1",
+        "--endpoints",
+        "/v1/embeddings",
+        "--input-price",
+        "1",
+        "--output-price",
+        "0",
+    )
+    entry = asyncio.run(catalog(tmp_path))["embedder"]
+    assert entry.endpoints == frozenset({"/v1/embeddings"})
