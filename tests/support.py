@@ -315,8 +315,10 @@ def assert_exactly_once(
     assert set(seen) == {r["custom_id"] for r in rows}
 
 
-def submit(client: httpx.Client, rows: list[dict[str, Any]]) -> str:
-    """Upload ``rows`` and create a 24h chat batch from them; returns the batch id."""
+def submit(
+    client: httpx.Client, rows: list[dict[str, Any]], endpoint: str = "/v1/chat/completions"
+) -> str:
+    """Upload ``rows`` and create a 24h batch from them; returns the batch id."""
     uploaded = client.post(
         "/v1/files",
         data={"purpose": "batch"},
@@ -327,7 +329,7 @@ def submit(client: httpx.Client, rows: list[dict[str, Any]]) -> str:
         "/v1/batches",
         json={
             "input_file_id": uploaded.json()["id"],
-            "endpoint": "/v1/chat/completions",
+            "endpoint": endpoint,
             "completion_window": "24h",
         },
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ServerProcess, batch_of, jsonl, rows_of
+from tests.support import ServerProcess, batch_of, rows_of, submit
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct-embedding"
 ENGINE = b"llama_cpp.server"
@@ -96,22 +96,7 @@ def test_an_embeddings_batch_starts_the_engine_and_is_billed_for_input_only(
         assert models[MODEL]["batch"]["endpoints"] == ["/v1/embeddings"]
         price = int(models[MODEL]["batch"]["pricing"]["input"])
 
-        uploaded = client.post(
-            "/v1/files",
-            data={"purpose": "batch"},
-            files={"file": ("embed.jsonl", jsonl(ROWS), "application/jsonl")},
-        )
-        assert uploaded.status_code == 200, uploaded.text
-        created = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/embeddings",
-                "completion_window": "24h",
-            },
-        )
-        assert created.status_code == 200, created.text
-        batch_id = created.json()["id"]
+        batch_id = submit(client, ROWS, "/v1/embeddings")
         _wait(
             lambda: batch_of(client, batch_id)["status"] in ("completed", "failed", "expired"),
             180,

@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
@@ -25,9 +24,9 @@ from tests.support import (
     InProcess,
     assert_exactly_once,
     chat_line,
-    free_port,
     in_process_backfill,
     jsonl,
+    running_simulator,
 )
 
 HOUR = 3600
@@ -302,23 +301,9 @@ async def test_sectioned_file_with_all_fields_is_accepted(backfill: InProcess) -
 
 
 @asynccontextmanager
-async def slow_simulator() -> AsyncIterator[tuple[str, Simulator]]:
-    """The simulator in this loop; it does not wait for abandoned slow answers at exit."""
-    sim = Simulator(FAST)
-    runner = web.AppRunner(sim.app(), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1", sim
-    finally:
-        await runner.cleanup()
-
-
-@asynccontextmanager
 async def running(tmp_path: Path, **overrides: Any) -> AsyncIterator[InProcess]:
     """Backfill on the simulator, which also answers for the private deployment."""
-    async with slow_simulator() as (url, _):
+    async with running_simulator(FAST) as (url, _):
         models = {SIM_MODEL: SIM_MODEL, DEPLOYMENT: DEPLOYMENT}
         engine = OpenAIHttpEngine("sim", url, models, max_concurrency=1)
         async with in_process_backfill(tmp_path, url, engines=[engine], **overrides) as bf:
@@ -327,7 +312,7 @@ async def running(tmp_path: Path, **overrides: Any) -> AsyncIterator[InProcess]:
 
 async def test_a_batch_past_its_batchrouter_deadline_expires(tmp_path: Path) -> None:
     clock = ManualClock()
-    async with slow_simulator() as (url, sim):
+    async with running_simulator(FAST) as (url, sim):
         engine = OpenAIHttpEngine("sim", url, {SIM_MODEL: SIM_MODEL}, max_concurrency=1)
         async with in_process_backfill(tmp_path, url, clock=clock, engines=[engine]) as bf:
             rows = [chat_line(f"s-{i}", f"[[sim:delay_ms=60000]] slow {i}") for i in range(3)]

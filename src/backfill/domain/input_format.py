@@ -120,7 +120,10 @@ _DECODER = msgspec.json.Decoder(RequestLine)
 _BODY = msgspec.json.Decoder(_RawBody)
 
 
-def _decode_error(line_no: int, error: msgspec.ValidationError) -> LineError:
+_LINE_FIELDS = "custom_id, method, url and body"
+
+
+def _decode_error(line_no: int, error: msgspec.ValidationError, fields: str) -> LineError:
     problem = explain(error)
     param = problem.param
     if problem.broken is Broken.MISSING:
@@ -133,21 +136,51 @@ def _decode_error(line_no: int, error: msgspec.ValidationError) -> LineError:
     if problem.broken is Broken.UNKNOWN:
         return LineError(
             "invalid_value",
-            f"Line {line_no}: unknown field '{param}'; a line has only custom_id, method, url "
-            "and body.",
+            f"Line {line_no}: unknown field '{param}'; a line has only {fields}.",
             line=line_no,
             param=param,
         )
     if problem.broken is Broken.NOT_OBJECT:
         return LineError(
             "invalid_json_line",
-            f"Line {line_no} is not a JSON object; each line must be one object with "
-            "custom_id, method, url and body.",
+            f"Line {line_no} is not a JSON object; each line must be one object with {fields}.",
             line=line_no,
         )
     where = f" in field '{param}'" if param else ""
     return LineError(
         "invalid_value", f"Line {line_no}: {problem.reason}{where}.", line=line_no, param=param
+    )
+
+
+def undecodable(raw: bytes, line_no: int, exc: Exception, fields: str = _LINE_FIELDS) -> LineError:
+    """Why a line did not decode as the struct it should be; ``fields`` names what that struct
+    has, for the messages about unknown fields and non-objects."""
+    if not raw.strip():
+        return LineError(
+            "invalid_json_line",
+            f"Line {line_no} is empty; remove blank lines (only a final newline is allowed).",
+            line=line_no,
+        )
+    if isinstance(exc, msgspec.ValidationError):
+        return _decode_error(line_no, exc, fields)
+    if raw.startswith(_BOM):
+        # Editors on Windows add it; msgspec only reports "invalid character (byte 0)".
+        return LineError(
+            "invalid_json_line",
+            f"Line {line_no} starts with a UTF-8 byte order mark (BOM); save the file as "
+            "UTF-8 without BOM.",
+            line=line_no,
+        )
+    if isinstance(exc, RecursionError):
+        return LineError(
+            "invalid_json_line",
+            f"Line {line_no} nests JSON too deeply; flatten the request body.",
+            line=line_no,
+        )
+    return LineError(
+        "invalid_json_line",
+        f"Line {line_no} is not a valid JSON object ({exc}).",
+        line=line_no,
     )
 
 
@@ -216,7 +249,7 @@ class LineValidator:
             try:
                 req = decode(raw)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
-                raise self._undecodable(raw, line_no, exc) from None
+                raise undecodable(raw, line_no, exc) from None
             body = req.body
             cid = req.custom_id
             before = len(seen)
@@ -267,36 +300,6 @@ class LineValidator:
         self._prompt_bound += prompt_bound
         self._max_output += max_output
         return ids
-
-    @staticmethod
-    def _undecodable(raw: bytes, line_no: int, exc: Exception) -> LineError:
-        if not raw.strip():
-            return LineError(
-                "invalid_json_line",
-                f"Line {line_no} is empty; remove blank lines (only a final newline is allowed).",
-                line=line_no,
-            )
-        if isinstance(exc, msgspec.ValidationError):
-            return _decode_error(line_no, exc)
-        if raw.startswith(_BOM):
-            # Editors on Windows add it; msgspec only reports "invalid character (byte 0)".
-            return LineError(
-                "invalid_json_line",
-                f"Line {line_no} starts with a UTF-8 byte order mark (BOM); save the file as "
-                "UTF-8 without BOM.",
-                line=line_no,
-            )
-        if isinstance(exc, RecursionError):
-            return LineError(
-                "invalid_json_line",
-                f"Line {line_no} nests JSON too deeply; flatten the request body.",
-                line=line_no,
-            )
-        return LineError(
-            "invalid_json_line",
-            f"Line {line_no} is not a valid JSON object ({exc}).",
-            line=line_no,
-        )
 
     def _check_request(self, req: RequestLine, line_no: int) -> CatalogModel:
         cid = req.custom_id

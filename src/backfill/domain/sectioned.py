@@ -18,9 +18,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-from backfill.domain.decode_errors import Broken, explain
 from backfill.domain.endpoints import CHAT_URL
-from backfill.domain.input_format import MAX_SECTION_ID_BYTES, LineError
+from backfill.domain.input_format import MAX_SECTION_ID_BYTES, LineError, undecodable
 
 FORMAT = "batchrouter.sectioned.v1"
 
@@ -96,7 +95,7 @@ class SectionedExpander:
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 if self._try_section(raw, line_no):
                     continue
-                raise _bad_request(raw, line_no, exc) from None
+                raise undecodable(raw, line_no, exc, _REQUEST_FIELDS) from None
             if self._section is None:
                 raise LineError(
                     "invalid_json_line",
@@ -138,7 +137,7 @@ class SectionedExpander:
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             if not _has_key(raw, "section"):
                 return False
-            raise _bad_section(line_no, exc) from None
+            raise undecodable(raw, line_no, exc, _SECTION_FIELDS) from None
         section = line.section
         size = len(section.id.encode())
         if not 0 < size <= MAX_SECTION_ID_BYTES:
@@ -206,81 +205,7 @@ def _has_key(raw: bytes, key: str) -> bool:
     return isinstance(value, dict) and key in value
 
 
-def _bad_section(line_no: int, exc: Exception) -> LineError:
-    if isinstance(exc, msgspec.ValidationError):
-        problem = explain(exc)
-        if problem.broken is Broken.MISSING:
-            return LineError(
-                "missing_required_parameter",
-                f"Line {line_no}: missing required field '{problem.param}' of the section.",
-                line=line_no,
-                param=problem.param,
-            )
-        if problem.broken is Broken.UNKNOWN:
-            return LineError(
-                "invalid_value",
-                f"Line {line_no}: unknown field '{problem.param}'; a section has only id, body "
-                "and messages.",
-                line=line_no,
-                param=problem.param,
-            )
-        where = f" in field '{problem.param}'" if problem.param else ""
-        return LineError(
-            "invalid_value",
-            f"Line {line_no}: {problem.reason}{where}.",
-            line=line_no,
-            param=problem.param,
-        )
-    return LineError(
-        "invalid_json_line", f"Line {line_no} is not a valid JSON object ({exc}).", line=line_no
-    )
-
-
-def _bad_request(raw: bytes, line_no: int, exc: Exception) -> LineError:
-    if not raw.strip():
-        return LineError(
-            "invalid_json_line",
-            f"Line {line_no} is empty; remove blank lines (only a final newline is allowed).",
-            line=line_no,
-        )
-    if isinstance(exc, msgspec.ValidationError):
-        problem = explain(exc)
-        if problem.broken is Broken.MISSING:
-            return LineError(
-                "missing_required_parameter",
-                f"Line {line_no}: missing required field '{problem.param}'.",
-                line=line_no,
-                param=problem.param,
-            )
-        if problem.broken is Broken.UNKNOWN:
-            return LineError(
-                "invalid_value",
-                f"Line {line_no}: unknown field '{problem.param}'; a request line of a sectioned "
-                "file has only custom_id, body, and optionally method and url; a section line "
-                'is {"section":{…}}.',
-                line=line_no,
-                param=problem.param,
-            )
-        if problem.broken is Broken.NOT_OBJECT:
-            return LineError(
-                "invalid_json_line",
-                f"Line {line_no} is not a JSON object; each line must be one section or request "
-                "object.",
-                line=line_no,
-            )
-        where = f" in field '{problem.param}'" if problem.param else ""
-        return LineError(
-            "invalid_value",
-            f"Line {line_no}: {problem.reason}{where}.",
-            line=line_no,
-            param=problem.param,
-        )
-    if isinstance(exc, RecursionError):
-        return LineError(
-            "invalid_json_line",
-            f"Line {line_no} nests JSON too deeply; flatten the request body.",
-            line=line_no,
-        )
-    return LineError(
-        "invalid_json_line", f"Line {line_no} is not a valid JSON object ({exc}).", line=line_no
-    )
+_SECTION_FIELDS = "id, body and messages (inside 'section')"
+_REQUEST_FIELDS = (
+    'custom_id, body, and optionally method and url; a section line is {"section":{…}}'
+)
