@@ -4,7 +4,9 @@ its input tokens alone."""
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,12 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct-embedding"
 ENGINE = b"llama_cpp.server"
 
 
-def line(custom_id: str, value: str | list[str]) -> dict[str, Any]:
+def line(custom_id: str, value: str | list[str], **options: Any) -> dict[str, Any]:
     return {
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/embeddings",
-        "body": {"model": MODEL, "input": value},
+        "body": {"model": MODEL, "input": value, **options},
     }
 
 
@@ -31,6 +33,8 @@ ROWS = [
     line("b", "the cat sat"),
     line("c", "quarterly revenue grew by four percent"),
     line("d", ["the dog ran", "a bird sang", "the cat sat"]),
+    # llama.cpp ignores both options: Backfill shapes its answer as asked.
+    line("e", "the cat sat", dimensions=8, encoding_format="base64"),
 ]
 
 
@@ -104,13 +108,13 @@ def test_an_embeddings_batch_starts_the_engine_and_is_billed_for_input_only(
         )
         batch = batch_of(client, batch_id)
         assert batch["status"] == "completed", batch
-        assert batch["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+        assert batch["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
         assert _embedding_engines(pid) == 1
 
         out = rows_of(client, batch["output_file_id"])
         assert rows_of(client, batch.get("error_file_id")) == []
         by_id = {row["custom_id"]: row for row in out}
-        assert sorted(by_id) == ["a", "b", "c", "d"]
+        assert sorted(by_id) == ["a", "b", "c", "d", "e"]
         for row in out:
             assert row["id"].startswith("batch_req_")
             assert row["error"] is None
@@ -122,6 +126,10 @@ def test_an_embeddings_batch_starts_the_engine_and_is_billed_for_input_only(
         array = _vectors(by_id["d"])
         assert len(array) == 3
         assert _max_diff(array[0], array[1]) > 1e-3
+        packed = base64.b64decode(by_id["e"]["response"]["body"]["data"][0]["embedding"])
+        short = struct.unpack("<8f", packed)
+        norm = math.sqrt(sum(v * v for v in a[:8]))
+        assert _max_diff(list(short), [v / norm for v in a[:8]]) <= 1e-5
 
         billed = 0
         for row in out:

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from backfill.domain.embeddings import requested
+from backfill.domain.endpoints import EMBEDDINGS_URL
 from backfill.domain.records import ClaimedItem, WorkBatch
 from backfill.metrics import Metrics
 from backfill.ports import Clock, EngineTimeout, EngineUnreachable
@@ -43,6 +45,7 @@ class Attempts:
         the queue without an attempt counted)."""
         engine = slot.engine
         policy = self._policy
+        embeddings = requested(body) if batch.endpoint == EMBEDDINGS_URL else None
         attempt = 0
         while True:
             attempt += 1
@@ -63,7 +66,7 @@ class Attempts:
                 self._metrics.latency.labels(engine.name).observe(took)
                 reason = str(reply.status)
                 if reply.status == 200:
-                    outcome = succeeded(item.custom_id, batch.model, reply.body)
+                    outcome = succeeded(item.custom_id, batch.model, reply.body, embeddings)
                     slot.succeeded(took, outcome.output_tokens)
                     return outcome
                 final = engine_error(item.custom_id, reply.status, reply.body)

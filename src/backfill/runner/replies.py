@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from backfill.domain import ids
+from backfill.domain.embeddings import Requested, conform
 from backfill.domain.money import MAX_TOKENS
 from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
 
@@ -43,12 +44,17 @@ def engine_error(custom_id: str, status: int, raw: bytes) -> Outcome:
     return Outcome(False, http_error_row(custom_id, status, json_or_text(raw)))
 
 
-def succeeded(custom_id: str, model: str, raw: bytes) -> Outcome:
-    """A 200 reply: its body under the batch's model name, with the usage it reports."""
+def succeeded(
+    custom_id: str, model: str, raw: bytes, embeddings: Requested | None = None
+) -> Outcome:
+    """A 200 reply: its body under the batch's model name, with the usage it reports; an
+    embeddings answer reshaped as its request asked (``domain/embeddings.py``)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return Outcome(False, http_error_row(custom_id, 502, _NOT_JSON))
+    if embeddings is not None:
+        conform(body, embeddings)
     usage = usage_of(body)
     if isinstance(body, dict):
         body["model"] = model
