@@ -135,18 +135,27 @@ async def test_images_reach_the_engine_inline_only(tmp_path: Path, images: str) 
 async def test_a_private_image_host_is_refused_when_the_row_runs(
     tmp_path: Path, images: str
 ) -> None:
+    # The same URL spelled with JSON escapes is a remote image too, never passed on.
+    escaped = _chat("escaped", _image("PLACEHOLDER"))
+    escaped_line = jsonl([escaped]).replace(
+        b"PLACEHOLDER", f"{images}/cat.png".replace("/", "\\/").encode()
+    )
     async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
-        batch = await _run(
-            backfill,
-            [_chat("private", _image(f"{images}/cat.png")), _chat("fine", _image(INLINE))],
-            "/v1/chat/completions",
+        content = (
+            jsonl([_chat("private", _image(f"{images}/cat.png")), _chat("fine", _image(INLINE))])
+            + escaped_line
         )
+        uploaded = await backfill.upload(content)
+        assert uploaded.status_code == 200, uploaded.text
+        created = await backfill.create(uploaded.json()["id"])
+        batch = await backfill.wait(created.json()["id"])
         rows = await _rows(backfill, batch)
     assert batch["status"] == "completed"
     assert rows["fine"]["response"]["status_code"] == 200
-    error = rows["private"]["error"]
-    assert error["code"] == "image_fetch_failed"
-    assert "loopback" in error["message"] or "private" in error["message"]
+    for custom_id in ("private", "escaped"):
+        error = rows[custom_id]["error"]
+        assert error["code"] == "image_fetch_failed"
+        assert "loopback" in error["message"] or "private" in error["message"]
 
 
 async def test_responses_lines_are_billed_from_their_usage(tmp_path: Path) -> None:

@@ -171,3 +171,38 @@ async def test_expansion_is_bounded(tmp_path: Path) -> None:
         refused = (await backfill.upload(jsonl(lines))).json()["error"]
     assert refused["code"] == "file_too_large"
     assert "expanded" in refused["message"]
+
+
+async def test_a_shared_fault_names_the_section_line(backfill: InProcess) -> None:
+    lines: list[dict[str, Any]] = [
+        FORMAT,
+        {"section": {"id": "a", "body": {"model": SIM_MODEL, "max_tokens": 4}}},
+        {"custom_id": "1", "body": {"messages": [{"role": "user", "content": "x"}]}},
+        {
+            "section": {
+                "id": "b",
+                "body": {"model": SIM_MODEL, "max_tokens": 4},
+                "messages": [{"role": "robot", "content": "p"}],
+            }
+        },
+        {"custom_id": "2", "body": {"messages": [{"role": "user", "content": "x"}]}},
+    ]
+    error = (await backfill.upload(jsonl(lines))).json()["error"]
+    assert (error["line"], error["param"]) == (4, "section.messages[0].role")
+    assert error["message"].startswith("Line 4: 'section.messages[0].role'")
+
+
+async def test_a_bad_request_before_a_section_is_the_one_reported(backfill: InProcess) -> None:
+    lines: list[dict[str, Any]] = [
+        FORMAT,
+        {"section": {"id": "a", "body": {"model": SIM_MODEL}}},
+        {"custom_id": "1", "body": {"messages": [{"role": "user", "content": "x"}]}},
+        {"section": {"id": "b", "body": {"model": SIM_MODEL, "max_tokens": 4}}},
+        {"custom_id": "2", "body": {"messages": [{"role": "user", "content": "x"}]}},
+    ]
+    error = (await backfill.upload(jsonl(lines))).json()["error"]
+    assert (error["code"], error["line"], error["param"]) == (
+        "missing_required_parameter",
+        3,
+        "body.max_tokens",
+    )

@@ -11,7 +11,12 @@ import pytest
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import CHAT_URL, EMBEDDINGS_URL, RESPONSES_URL
 from backfill.domain.input_format import Limits, LineError, LineValidator, request_body
-from backfill.domain.media import MediaLimits, inline_images, remote_image_urls
+from backfill.domain.media import (
+    MediaLimits,
+    inline_images,
+    may_hold_remote_images,
+    remote_image_urls,
+)
 from backfill.domain.money import Prices
 
 PRICES = Prices(100, 50, 400)
@@ -121,7 +126,14 @@ def test_embeddings_encoding_and_dimensions() -> None:
 
 
 def test_responses_lines_accepted_and_bounded() -> None:
-    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "yo"}],
+        },
+    ]
     summary = check(response(), response("r2", input=items, max_output_tokens=100)).summary()
     assert summary.max_output_tokens == 132
 
@@ -140,6 +152,12 @@ def test_responses_lines_accepted_and_bounded() -> None:
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "invalid_value",
             "body.input[0].content[0].type",
+        ),
+        ({"input": [1, "x"]}, "invalid_value", "body.input[0]"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+            "invalid_value",
+            "body.input[0]",
         ),
     ],
 )
@@ -227,6 +245,16 @@ def test_remote_images_are_found_and_swapped_for_inline_copies() -> None:
     assert messages[1]["content"][0]["image_url"]["url"] == "https://b/2"
     # Fields without remote images stay the bytes the user wrote.
     assert swapped["max_tokens"] is body["max_tokens"]
+
+
+@pytest.mark.parametrize("url", ["https:\\/\\/10.0.0.5/x.png", "\\u0068ttps://10.0.0.5/x.png"])
+def test_escaped_remote_images_are_found(url: str) -> None:
+    # An https URL spelled with JSON escapes is still a remote image, fetched by Backfill.
+    line = orjson.dumps(chat_parts(image("PLACEHOLDER"))).replace(b"PLACEHOLDER", url.encode())
+    assert may_hold_remote_images(line)
+    check_line = LineValidator(LIMITS, CATALOG.get)
+    check_line.check_lines([line], 1)
+    assert remote_image_urls(request_body(line)) == ["https://10.0.0.5/x.png"]
 
 
 def test_responses_remote_images_are_found() -> None:

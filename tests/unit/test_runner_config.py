@@ -30,6 +30,7 @@ def test_every_field_comes_from_settings() -> None:
         validating_grace_s=12.0,
         validating_retry_max_s=45.0,
         prefix_locality=False,
+        max_media_bytes_per_line=12345,
     )
     config = WorkerConfig.from_settings(settings, sole_worker=True)
     assert config == WorkerConfig(
@@ -48,4 +49,5 @@ def test_every_field_comes_from_settings() -> None:
         validating_grace_s=12.0,
         validating_retry_max_s=45.0,
         prefix_locality=False,
+        media_line_bytes=12345,
     )

@@ -34,7 +34,7 @@ def user(text: str) -> dict[str, str]:
 def expand(*lines: dict[str, Any] | bytes, first_line_no: int = 1) -> list[tuple[int, int, Any]]:
     expander = SectionedExpander()
     raw = [line if isinstance(line, bytes) else orjson.dumps(line) for line in lines]
-    out = [(n, r, orjson.loads(e)) for n, r, e in expander.expand(raw, first_line_no)]
+    out = [(n, r, orjson.loads(e)) for n, r, e, _ in expander.expand(raw, first_line_no)]
     expander.finish(first_line_no + len(raw) - 1)
     return out
 
@@ -85,7 +85,7 @@ def test_values_are_kept_byte_for_byte() -> None:
     expander = SectionedExpander()
     header = orjson.dumps(HEADER)
     sec = orjson.dumps(section("s", {"model": "m"}))
-    ((_, _, expanded),) = list(expander.expand([header, sec, line], 1))
+    ((_, _, expanded, _),) = list(expander.expand([header, sec, line], 1))
     assert b'"custom_id":"x\\u00e9"' in expanded
     assert b'"n":1e400' in expanded
 
@@ -101,11 +101,34 @@ def test_detection() -> None:
     [
         ([{"format": "batchrouter.sectioned.v2"}], 1, "invalid_value", "format"),
         ([HEADER, request("a", model="m")], 2, "invalid_json_line", None),
-        ([HEADER, section("s"), section("s")], 3, "invalid_value", "section.id"),
-        ([HEADER, section("")], 2, "invalid_value", "section.id"),
-        ([HEADER, section("s", {"messages": []})], 2, "invalid_value", "section.body.messages"),
-        ([HEADER, {"section": {"id": "s", "extra": 1}}], 2, "invalid_value", "section.extra"),
-        ([HEADER, {"section": {"body": {}}}], 2, "missing_required_parameter", "section.id"),
+        ([HEADER, section("s"), request("a"), section("s")], 4, "invalid_value", "section.id"),
+        ([HEADER, section("s"), section("t"), request("a")], 2, "invalid_value", "section"),
+        ([HEADER, section("s"), request("a"), section("t")], 4, "invalid_value", "section"),
+        (
+            [HEADER, section("s"), {"custom_id": "a", "body": {}, "section": "s"}],
+            3,
+            "invalid_value",
+            "section",
+        ),
+        ([HEADER, section(""), request("a")], 2, "invalid_value", "section.id"),
+        (
+            [HEADER, section("s", {"messages": []}), request("a")],
+            2,
+            "invalid_value",
+            "section.body.messages",
+        ),
+        (
+            [HEADER, {"section": {"id": "s", "extra": 1}}, request("a")],
+            2,
+            "invalid_value",
+            "section.extra",
+        ),
+        (
+            [HEADER, {"section": {"body": {}}}, request("a")],
+            2,
+            "missing_required_parameter",
+            "section.id",
+        ),
         ([HEADER, section("s"), {"custom_id": "a"}], 3, "missing_required_parameter", "body"),
         ([HEADER, section("s"), {"custom_id": "a", "body": {}, "x": 1}], 3, "invalid_value", "x"),
         ([HEADER, section("s"), b""], 3, "invalid_json_line", None),
@@ -130,6 +153,33 @@ def test_a_file_without_its_header_line_is_refused_at_its_end() -> None:
     with pytest.raises(LineError) as info:
         SectionedExpander().finish(0)
     assert "starts with" in info.value.message
+
+
+def test_errors_in_expanded_requests_name_what_the_user_wrote() -> None:
+    expander = SectionedExpander()
+    lines = [
+        orjson.dumps(HEADER),
+        orjson.dumps(section("s", {"model": "m", "max_tokens": 0, "n": 1}, [user("p")])),
+        orjson.dumps(request("a", messages=[user("x"), user("y")], n=2)),
+    ]
+    ((_, _, _, origin),) = list(expander.expand(lines, 1))
+
+    def said(param: str) -> tuple[int, str | None, str]:
+        error = origin.attribute(
+            LineError("invalid_value", f"Line 3: '{param}' bad.", line=3, param=param)
+        )
+        return error.line, error.param, error.message
+
+    assert said("body.max_tokens") == (
+        2,
+        "section.body.max_tokens",
+        "Line 2: 'section.body.max_tokens' bad.",
+    )
+    assert said("body.n")[:2] == (3, "body.n")
+    assert said("body.messages[0].role")[:2] == (2, "section.messages[0].role")
+    assert said("body.messages[2].content")[:2] == (3, "body.messages[1].content")
+    assert said("body.messages")[:2] == (2, "section.messages")
+    assert said("custom_id")[:2] == (3, "custom_id")
 
 
 def test_requests_of_a_section_share_a_locality_key() -> None:

@@ -40,7 +40,10 @@ ENCODING_FORMATS = frozenset({"float", "base64"})
 _UNSET = msgspec.UNSET
 # Where a chat part's media lives, and the modality the model must publish for it.
 _CHAT_PARTS = {"image_url": "image", "input_audio": "audio"}
-_RESPONSE_PARTS = frozenset({"input_text", "input_image"})
+# Responses input items Backfill passes on: messages, their text and images (an earlier
+# assistant turn's output text too). Tool calls and files are refused: their URLs and file ids
+# would reach the engine unchecked.
+_RESPONSE_PARTS = frozenset({"input_text", "input_image", "output_text"})
 
 
 class ContentPart(msgspec.Struct):
@@ -510,7 +513,15 @@ class LineValidator:
             )
         media = LineMedia(self._limits.media)
         for i, item in enumerate(value):
-            content = item.get("content") if isinstance(item, dict) else None
+            if not isinstance(item, dict) or item.get("type", "message") != "message":
+                raise LineError(
+                    "invalid_value",
+                    f"Line {line_no}: 'body.input[{i}]' must be a message object "
+                    '({"role": …, "content": …}); other input items are not accepted in batch.',
+                    line=line_no,
+                    param=f"body.input[{i}]",
+                )
+            content = item.get("content")
             if not isinstance(content, list):
                 continue
             for j, part in enumerate(content):

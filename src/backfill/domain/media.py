@@ -161,6 +161,13 @@ class LineMedia:
 _MESSAGES = msgspec.json.Decoder(list[Any])
 
 
+def may_hold_remote_images(raw: bytes) -> bool:
+    """Whether JSON text ``raw`` can hold a string starting ``https://``: it does so literally,
+    or spells it with escapes (``\\u0068ttps:\\/\\/``), which need ``\\u`` or ``\\/``.
+    A quick scan that rules most lines out; the others are decoded and walked."""
+    return b'"https://' in raw or b"\\u" in raw or b"\\/" in raw
+
+
 def remote_image_urls(body: Mapping[str, Any]) -> list[str]:
     """The https image URLs of a chat or Responses body (its fields as ``msgspec.Raw``)."""
     urls: list[str] = []
@@ -189,7 +196,7 @@ def _walk(body: Mapping[str, Any], swap: Callable[[str], str]) -> dict[str, Any]
     for name in ("messages", "input"):
         raw = body.get(name)
         # The cheap test first: most bodies have no remote image at all.
-        if not isinstance(raw, msgspec.Raw) or b'"https://' not in bytes(raw):
+        if not isinstance(raw, msgspec.Raw) or not may_hold_remote_images(bytes(raw)):
             continue
         items = _MESSAGES.decode(raw) if bytes(raw).lstrip().startswith(b"[") else None
         if items is None:

@@ -14,7 +14,9 @@ Only one section is held at a time; field values stay the raw JSON the user wrot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import msgspec
 
@@ -60,13 +62,50 @@ _REQUEST = msgspec.json.Decoder(_Request)
 _MESSAGES = msgspec.json.Decoder(list[msgspec.Raw])
 _ENCODE = msgspec.json.Encoder().encode
 _POST = msgspec.Raw(b'"POST"')
+_MESSAGE_INDEX = re.compile(r"body\.messages\[(\d+)\](.*)")
 _CHAT = msgspec.Raw(msgspec.json.encode(CHAT_URL))
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where the parts of an expanded request came from, to name them in an error."""
+
+    section_line: int
+    prefix: int
+    """How many of its messages are the section's prefix messages."""
+    shared: frozenset[str]
+    """The body fields it takes from its section (not overridden by its own)."""
+
+    def attribute(self, error: LineError) -> LineError:
+        """``error``, found in the expanded request, said of the line and field the user wrote:
+        a section's shared field or prefix message is the section line's; a request's own
+        message keeps its own index."""
+        param = error.param
+        if param is None or not param.startswith("body."):
+            return error
+        line, new = error.line, param
+        field = re.split(r"[.\[]", param[5:], maxsplit=1)[0]
+        index = _MESSAGE_INDEX.match(param)
+        if index is not None:
+            i = int(index.group(1))
+            if i < self.prefix:
+                line, new = self.section_line, f"section.messages[{i}]{index.group(2)}"
+            else:
+                new = f"body.messages[{i - self.prefix}]{index.group(2)}"
+        elif field == "messages" and self.prefix:
+            line, new = self.section_line, "section.messages"
+        elif field in self.shared:
+            line, new = self.section_line, f"section.{param}"
+        if new == param:
+            return error
+        message = error.message.replace(f"Line {error.line}", f"Line {line}", 1)
+        return LineError(error.code, message.replace(f"'{param}", f"'{new}"), line=line, param=new)
 
 
 def is_sectioned(first_line: bytes) -> bool:
     """Whether a file whose first line is ``first_line`` is a sectioned file (the line names
     a format; plain request lines never have that key)."""
-    return _has_key(first_line, "format")
+    return "format" in _keys(first_line)
 
 
 class SectionedExpander:
@@ -78,11 +117,15 @@ class SectionedExpander:
         self._section_id = ""
         self._prefix: list[msgspec.Raw] = []
         self._ids: set[str] = set()
+        self._section_line = 0
+        self._section_requests = 0
         self.requests = 0
 
-    def expand(self, lines: list[bytes], first_line_no: int) -> Iterator[tuple[int, int, bytes]]:
+    def expand(
+        self, lines: list[bytes], first_line_no: int
+    ) -> Iterator[tuple[int, int, bytes, Origin]]:
         """Each request among consecutive ``lines`` (the first numbered ``first_line_no``): its
-        line number, its number among the file's requests, and its plain line."""
+        line number, its number among the file's requests, its plain line and its origin."""
         line_no = first_line_no - 1
         for raw in lines:
             line_no += 1
@@ -104,10 +147,14 @@ class SectionedExpander:
                     line=line_no,
                 )
             self.requests += 1
-            yield line_no, self.requests, self._merge(request, line_no)
+            self._section_requests += 1
+            shared = frozenset(self._section.body.keys() - request.body.keys())
+            origin = Origin(self._section_line, len(self._prefix), shared)
+            yield line_no, self.requests, self._merge(request, line_no), origin
 
     def finish(self, line_no: int) -> None:
-        """The end of the file: it must have had its header."""
+        """The end of the file: it must have had its header, and its last section requests."""
+        self._section_ends()
         if not self._header_seen:
             raise LineError(
                 "invalid_json_line",
@@ -135,7 +182,8 @@ class SectionedExpander:
         try:
             line = _SECTION.decode(raw)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
-            if not _has_key(raw, "section"):
+            keys = _keys(raw)
+            if "section" not in keys or "custom_id" in keys:
                 return False
             raise undecodable(raw, line_no, exc, _SECTION_FIELDS) from None
         section = line.section
@@ -164,11 +212,26 @@ class SectionedExpander:
                 line=line_no,
                 param="section.body.messages",
             )
+        self._section_ends()
         self._ids.add(section.id)
+        self._section_line, self._section_requests = line_no, 0
         self._section = section
         self._section_id = section.id
         self._prefix = section.messages
         return True
+
+    def _section_ends(self) -> None:
+        """A section's shared parts are checked as part of its requests: one without any
+        would be accepted unchecked, and ignored."""
+        if self._section is not None and not self._section_requests:
+            line = self._section_line
+            raise LineError(
+                "invalid_value",
+                f"Line {line}: section {self._section_id!r} has no requests; remove it or put "
+                "its requests after it.",
+                line=line,
+                param="section",
+            )
 
     def _merge(self, request: _Request, line_no: int) -> bytes:
         section = self._section
@@ -197,12 +260,13 @@ class SectionedExpander:
         )
 
 
-def _has_key(raw: bytes, key: str) -> bool:
+def _keys(raw: bytes) -> frozenset[str]:
+    """The keys of a line that is a JSON object (none for anything else)."""
     try:
         value = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return False
-    return isinstance(value, dict) and key in value
+        return frozenset()
+    return frozenset(value) if isinstance(value, dict) else frozenset()
 
 
 _SECTION_FIELDS = "id, body and messages (inside 'section')"

@@ -3,7 +3,6 @@ engines never fetch a user's URL, and a URL that cannot be fetched ends only its
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from backfill.domain.media import IMAGE_TYPES, data_url, inline_images, remote_image_urls
@@ -17,29 +16,32 @@ _NO_FETCHER = (
 
 
 async def with_inline_images(
-    fetcher: MediaFetcher | None, custom_id: str, body: dict[str, Any]
+    fetcher: MediaFetcher | None, custom_id: str, body: dict[str, Any], line_bytes: int
 ) -> dict[str, Any] | Outcome:
-    """``body`` with its https images inline, or the error row its request ends with."""
+    """``body`` with its https images inline, or the error row its request ends with. A line's
+    fetched images together may hold at most ``line_bytes``."""
     urls = list(dict.fromkeys(remote_image_urls(body)))
     if not urls:
         return body
     if fetcher is None:
         return failed(custom_id, "image_fetch_failed", _NO_FETCHER)
-    refusal: MediaFetchFailed | None = None
-    try:
-        # A task group: the first refusal cancels the other fetches of the line.
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(fetcher.fetch(url, IMAGE_TYPES)) for url in urls]
-    except* MediaFetchFailed as refused:
-        first = refused.exceptions[0]
-        assert isinstance(first, MediaFetchFailed)
-        refusal = first
-    if refusal is not None:
-        # Refused or unreachable: retrying the same URL would meet the same rule or host, so
-        # the request ends here with the reason, and its batch goes on.
-        return failed(custom_id, refusal.code, refusal.message)
-    inline = {
-        url: data_url(task.result().content_type, task.result().data)
-        for url, task in zip(urls, tasks, strict=True)
-    }
+    inline: dict[str, str] = {}
+    held = 0
+    # One at a time: a line's images never sit in memory past its limit, whatever they weigh.
+    for url in urls:
+        try:
+            media = await fetcher.fetch(url, IMAGE_TYPES)
+        except MediaFetchFailed as refused:
+            # Refused or unreachable: retrying the same URL would meet the same rule or host,
+            # so the request ends here with the reason, and its batch goes on.
+            return failed(custom_id, refused.code, refused.message)
+        held += len(media.data)
+        if held > line_bytes:
+            return failed(
+                custom_id,
+                "image_fetch_failed",
+                f"The images of this request hold more than {line_bytes} bytes together (the "
+                "max_media_bytes_per_line setting); send fewer or smaller images.",
+            )
+        inline[url] = data_url(media.content_type, media.data)
     return inline_images(body, inline)

@@ -8,6 +8,7 @@ import functools
 
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.input_format import request_body
+from backfill.domain.media import MediaLimits, may_hold_remote_images
 from backfill.domain.records import ClaimedItem, ItemResult, WorkBatch
 from backfill.ports import Catalog, Clock, MediaFetcher, Sealer
 from backfill.runner.attempts import Attempts
@@ -43,8 +44,10 @@ class RequestRunner:
         clock: Clock,
         retry_max_s: float,
         media: MediaFetcher | None = None,
+        media_line_bytes: int = MediaLimits().line_bytes,
     ) -> None:
         self._media = media
+        self._media_line_bytes = media_line_bytes
         self._attempts = attempts
         self._results = results
         self._leases = leases
@@ -113,10 +116,9 @@ class RequestRunner:
         try:
             # The deployment is read from the catalog inside the guarded path: a database
             # error there must give the slot and the lease back like any other failure.
+            deployment = None
             if batch.billing == Billing.GPU_TIME:
-                metered = await self._deployment(batch.model)
-                if metered is not None:
-                    self._meter.begin(metered, batch.org_id)
+                deployment = await self._deployment(batch.model)
             try:
                 raw = await queued.input.line(item)
             except Exception as exc:
@@ -129,15 +131,20 @@ class RequestRunner:
             else:
                 own = True
                 body = request_body(raw)
-                # A fast scan of the line: only a line naming an https URL has remote images.
                 ready = (
-                    await with_inline_images(self._media, item.custom_id, body)
-                    if b'"https://' in raw
+                    await with_inline_images(
+                        self._media, item.custom_id, body, self._media_line_bytes
+                    )
+                    if may_hold_remote_images(raw)
                     else body
                 )
                 if isinstance(ready, Outcome):
                     outcome = ready
                 else:
+                    # GPU time counts from here: fetching images keeps the engine idle.
+                    if deployment is not None:
+                        metered = deployment
+                        self._meter.begin(metered, batch.org_id)
                     outcome = await self._attempts.run(slot, batch, item, ready)
             free()
             if outcome is None:  # the engine went away: back to the queue, no attempt counted

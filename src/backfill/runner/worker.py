@@ -72,6 +72,8 @@ class WorkerConfig:
     validating_retry_max_s: float
     # Replicas of a model claim together and send each prompt prefix to one of them.
     prefix_locality: bool
+    # All of a request's fetched https images together (max_media_bytes_per_line).
+    media_line_bytes: int
 
     @classmethod
     def from_settings(cls, settings: Settings, *, sole_worker: bool) -> WorkerConfig:
@@ -91,6 +93,7 @@ class WorkerConfig:
             validating_grace_s=settings.validating_grace_s,
             validating_retry_max_s=settings.validating_retry_max_s,
             prefix_locality=settings.prefix_locality,
+            media_line_bytes=settings.max_media_bytes_per_line,
         )
 
 
@@ -145,6 +148,7 @@ class Worker:
             clock=clock,
             retry_max_s=config.retry_max_s,
             media=media,
+            media_line_bytes=config.media_line_bytes,
         )
         self._pool = EnginePool(engines, self._requests.start, sharing, on_demand)
         self._on_demand = OnDemand(self._pool, store)

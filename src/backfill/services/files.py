@@ -20,7 +20,7 @@ from backfill.domain.files import (
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
 from backfill.domain.records import Page
-from backfill.domain.sectioned import SectionedExpander, is_sectioned
+from backfill.domain.sectioned import Origin, SectionedExpander, is_sectioned
 from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
 
@@ -103,28 +103,42 @@ class Upload:
         """Expand a sectioned file's lines and store their requests, validated as plain lines,
         a bounded run at a time: a long prefix repeated in every request never piles up."""
         assert self._expander is not None
+        requests = self._expander.expand(lines, first_line_no)
         run: list[bytes] = []
+        origins: list[Origin] = []
         run_line = run_request = last_line = size = 0
-        try:
-            for line_no, request_no, expanded in self._expander.expand(lines, first_line_no):
-                if run and (line_no != last_line + 1 or size >= _EXPANDED_RUN_BYTES):
-                    await self._store_run(run, run_line, run_request)
-                    run, size = [], 0
-                if not run:
-                    run_line, run_request = line_no, request_no
-                run.append(expanded)
-                size += len(expanded) + 1
-                last_line = line_no
-        except LineError:
-            # An earlier bad request is the one reported, wherever the runs were cut.
-            await self._store_run(run, run_line, run_request)
-            raise
-        await self._store_run(run, run_line, run_request)
+        while True:
+            try:
+                line_no, request_no, expanded, origin = next(requests)
+            except StopIteration:
+                break
+            except LineError:
+                # An earlier bad request is the one reported, wherever the runs were cut.
+                await self._store_run(run, origins, run_line, run_request)
+                raise
+            if run and (line_no != last_line + 1 or size >= _EXPANDED_RUN_BYTES):
+                await self._store_run(run, origins, run_line, run_request)
+                run, origins, size = [], [], 0
+            if not run:
+                run_line, run_request = line_no, request_no
+            run.append(expanded)
+            origins.append(origin)
+            size += len(expanded) + 1
+            last_line = line_no
+        await self._store_run(run, origins, run_line, run_request)
 
-    async def _store_run(self, run: list[bytes], first_line_no: int, first_request: int) -> None:
+    async def _store_run(
+        self, run: list[bytes], origins: list[Origin], first_line_no: int, first_request: int
+    ) -> None:
+        """Validate and store consecutive expanded requests; an error names what the user
+        wrote (a section's shared part is its section line's)."""
         if not run:
             return
-        entries = self._entries(first_line_no, run, first_request)
+        try:
+            entries = self._entries(first_line_no, run, first_request)
+        except LineError as exc:
+            index = exc.line - first_line_no
+            raise origins[index].attribute(exc) if 0 <= index < len(origins) else exc from None
         self._check_quota(self._offset)
         limit = self._service.limits.max_expanded_bytes
         if self._offset > limit:
