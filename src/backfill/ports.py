@@ -151,8 +151,8 @@ class MediaFetcher(Protocol):
 class WaitingWork(Protocol):
     """What the queue tells about work no engine has claimed yet (a ``WorkQueue`` role)."""
 
-    async def ready_models(self, models: Sequence[str]) -> set[str]:
-        """Which of ``models`` have queued lines a claim could take now."""
+    async def ready_models(self, models: Sequence[str], now: float) -> set[str]:
+        """Which of ``models`` have queued lines a claim could take at ``now``."""
         ...
 
 

@@ -185,3 +185,16 @@ async def test_lease_renewal_reads_only_the_leases_it_names(store: SqlStore) -> 
             # By key, or through the partial index that holds only leased lines.
             assert any(ix in plan for ix in ("items_pkey", "ix_items_claim", "ix_items_leased"))
             assert "Seq Scan" not in plan, plan
+
+
+async def test_ready_models_are_those_a_claim_could_take_now(store: SqlStore) -> None:
+    org = await make_org(store)
+    batch = await make_batch(store, org, 2, model="waiting")
+    await make_batch(store, org, 2, model="paused", status=BatchStatus.CANCELLING)
+    assert await store.ready_models(["waiting", "paused", "none"], NOW) == {"waiting"}
+    # Every line taken, then one given back for a retry after a backoff: not ready until then.
+    items = await take(store, batch, 2, "t", NOW + LEASE, NOW)
+    assert await store.ready_models(["waiting"], NOW) == set()
+    await store.release(batch.id, items[0].idx, "t", NOW + 60)
+    assert await store.ready_models(["waiting"], NOW) == set()
+    assert await store.ready_models(["waiting"], NOW + 61) == {"waiting"}

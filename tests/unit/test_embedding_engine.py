@@ -58,7 +58,7 @@ class Queue:
         self.ready: set[str] = set()
         self.asked: list[list[str]] = []
 
-    async def ready_models(self, models: Sequence[str]) -> set[str]:
+    async def ready_models(self, models: Sequence[str], now: float) -> set[str]:
         self.asked.append(list(models))
         return self.ready & set(models)
 

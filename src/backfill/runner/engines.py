@@ -317,8 +317,10 @@ class OnDemand:
         *,
         idle_stop_s: float = IDLE_STOP_S,
         clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._pool = pool
+        self._now = now
         self._queue = queue
         self._idle_stop_s = idle_stop_s
         self._clock = clock
@@ -341,7 +343,7 @@ class OnDemand:
 
     async def _start_wanted(self, parked: list[tuple[EngineSlot, Switch]]) -> None:
         models = sorted({model for slot, _ in parked for model in slot.engine.models})
-        ready = await self._queue.ready_models(models)
+        ready = await self._queue.ready_models(models, self._now())
         started = False
         for slot, switch in parked:
             waiting = sorted(ready.intersection(slot.engine.models))
@@ -367,7 +369,7 @@ class OnDemand:
         if now - since < self._idle_stop_s:
             return
         # Work may wait that a starting or failing engine could not take yet: keep it running.
-        if await self._queue.ready_models(slot.engine.models) or _busy(slot):
+        if await self._queue.ready_models(slot.engine.models, self._now()) or _busy(slot):
             self._busy[name] = (slot.finished, now)
             return
         log.info("engine %s stops: no request for %.0f s", name, now - since)

@@ -151,7 +151,7 @@ class Worker:
             media_line_bytes=config.media_line_bytes,
         )
         self._pool = EnginePool(engines, self._requests.start, sharing, on_demand)
-        self._on_demand = OnDemand(self._pool, store)
+        self._on_demand = OnDemand(self._pool, store, now=clock.now)
         self._dispatcher = Dispatcher(
             store,
             store,

@@ -20,8 +20,6 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    not_,
-    or_,
     select,
     text,
     tuple_,
@@ -173,24 +171,18 @@ class ClaimQueries(SqlBase):
                 )
         return claims
 
-    async def ready_models(self, models: Sequence[str]) -> set[str]:
-        """Which of ``models`` have a lane a claim could take lines from (the claim's own
-        test, without its locks): what an engine started on demand waits for."""
+    async def ready_models(self, models: Sequence[str], now: float) -> set[str]:
+        """Which of ``models`` have a lane a claim could take lines from at ``now`` (the
+        claim's own tests, without its locks): what an engine started on demand waits for."""
         if not models:
             return set()
-        ln, o = t.lanes, t.orgs
-        query = (
-            select(ln.c.model)
-            .distinct()
-            .join_from(ln, o, o.c.id == ln.c.org_id)
-            .where(
-                ln.c.model.in_(list(models)),
-                ln.c.ready > 0,
-                or_(not_(ln.c.metered), o.c.balance > 0),
-            )
-        )
+        query = text(
+            f"SELECT DISTINCT l.model FROM ({_LANES}) l "
+            f"WHERE EXISTS ({_READY_CHUNK.format(cols='1')})"
+        ).bindparams(bindparam("models", expanding=True))
         async with self.engine.connect() as conn:
-            return {row.model for row in await conn.execute(query)}
+            rows = await conn.execute(query, {"models": list(models), "now": now})
+            return {row.model for row in rows}
 
     async def _lease_lines(
         self,
