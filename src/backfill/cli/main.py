@@ -235,6 +235,9 @@ def simulate(
     model_name: Annotated[
         str, typer.Option(help="Served model name: /v1/models and the metrics' model_name.")
     ] = "simulated",
+    embedding_dimensions: Annotated[
+        int, typer.Option(min=1, help="Length of /v1/embeddings vectors (and most 'dimensions').")
+    ] = 64,
 ) -> None:
     """A simulated OpenAI-compatible engine (no model) for load and fault tests."""
     from backfill.adapters.engines.simulator import SimulatorConfig, run_simulator
@@ -257,6 +260,7 @@ def simulate(
             prefix_cache_blocks=prefix_cache_blocks,
             scheduling_policy=scheduling_policy,
             model_name=model_name,
+            embedding_dimensions=embedding_dimensions,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
