@@ -171,40 +171,24 @@ def _engines(settings: Settings) -> _Engines:
     limits: dict[str, ConcurrencyLimit] = {}
     probes: dict[str, PressureProbe] = {}
     if settings.local_engine:
-        process = ManagedProcess(
-            LOCAL_ENGINE,
-            llama_cpp_command(LOCAL_MODEL, n_ctx=LOCAL_CONTEXT, parallel=1),
-        )
+        process, engine = _local(LOCAL_ENGINE, LOCAL_MODEL, settings.local_engine_concurrency)
         processes.append(process)
-        concurrency = settings.local_engine_concurrency
-        engines.append(
-            OpenAIHttpEngine(
-                LOCAL_ENGINE,
-                process.base_url,
-                {LOCAL_MODEL: LOCAL_MODEL},
-                max_concurrency=concurrency,
-            )
+        engines.append(engine)
+        limits[LOCAL_ENGINE] = ConcurrencyLimit(
+            settings.local_engine_concurrency, settings.local_engine_mode
         )
-        limits[LOCAL_ENGINE] = ConcurrencyLimit(concurrency, settings.local_engine_mode)
     if settings.serves_local_embeddings:
-        process = ManagedProcess(
+        process, engine = _local(
             LOCAL_EMBEDDING_ENGINE,
-            llama_cpp_command(
-                LOCAL_EMBEDDING_MODEL, n_ctx=LOCAL_CONTEXT, parallel=1, embedding=True
-            ),
+            LOCAL_EMBEDDING_MODEL,
+            settings.local_engine_concurrency,
+            embedding=True,
         )
         if settings.local_embeddings == "auto":
             built.on_demand[LOCAL_EMBEDDING_ENGINE] = process
         else:
             processes.append(process)
-        engines.append(
-            OpenAIHttpEngine(
-                LOCAL_EMBEDDING_ENGINE,
-                process.base_url,
-                {LOCAL_EMBEDDING_MODEL: LOCAL_EMBEDDING_MODEL},
-                max_concurrency=settings.local_engine_concurrency,
-            )
-        )
+        engines.append(engine)
     for spec in settings.engines:
         base_url = spec.base_url
         if spec.command:
@@ -228,6 +212,16 @@ def _engines(settings: Settings) -> _Engines:
             probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
     built.sharing = Sharing(limits, probes, settings.pressure_interval_s)
     return built
+
+
+def _local(
+    name: str, model: str, concurrency: int, *, embedding: bool = False
+) -> tuple[ManagedProcess, OpenAIHttpEngine]:
+    """A llama.cpp process on the bundled GGUF serving ``model``, and the engine that calls it."""
+    command = llama_cpp_command(model, n_ctx=LOCAL_CONTEXT, parallel=1, embedding=embedding)
+    process = ManagedProcess(name, command)
+    engine = OpenAIHttpEngine(name, process.base_url, {model: model}, max_concurrency=concurrency)
+    return process, engine
 
 
 def _media_fetcher(settings: Settings) -> SafeFetcher:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,7 @@ class LineMedia:
 
 # ---- remote images, when a request runs ------------------------------------------------------
 
-_MESSAGES = msgspec.json.Decoder(list[Any])
+_ITEMS = msgspec.json.Decoder(list[Any])
 
 
 def may_hold_remote_images(raw: bytes) -> bool:
@@ -195,32 +195,31 @@ def _walk(body: Mapping[str, Any], swap: Callable[[str], str]) -> dict[str, Any]
     out = dict(body)
     for name in ("messages", "input"):
         raw = body.get(name)
+        data = bytes(raw) if isinstance(raw, msgspec.Raw) else b""
         # The cheap test first: most bodies have no remote image at all.
-        if not isinstance(raw, msgspec.Raw) or not may_hold_remote_images(bytes(raw)):
+        if not may_hold_remote_images(data) or not data.lstrip().startswith(b"["):
             continue
-        items = _MESSAGES.decode(raw) if bytes(raw).lstrip().startswith(b"[") else None
-        if items is None:
-            continue
+        items = _ITEMS.decode(data)
         changed = False
-        for item in items:
-            content = item.get("content") if isinstance(item, dict) else None
-            if not isinstance(content, list):
-                continue
-            for part in content:
-                if not isinstance(part, dict):
-                    continue
-                kind = part.get("type")
-                if kind == "image_url" and isinstance(part.get("image_url"), dict):
-                    holder, key = part["image_url"], "url"
-                elif kind == "input_image":
-                    holder, key = part, "image_url"
-                else:
-                    continue
-                url = holder.get(key)
-                if isinstance(url, str) and url.startswith("https://"):
-                    new = swap(url)
-                    changed = changed or new != url
-                    holder[key] = new
+        for holder, key in _image_urls(items):
+            url = holder[key]
+            if isinstance(url, str) and url.startswith("https://"):
+                holder[key] = swap(url)
+                changed = changed or holder[key] != url
         if changed:
             out[name] = msgspec.Raw(msgspec.json.encode(items))
     return out
+
+
+def _image_urls(items: list[Any]) -> Iterator[tuple[dict[str, Any], str]]:
+    """Where each image URL of chat messages or Responses input items sits: the object that
+    holds it, and its key there."""
+    for item in items:
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url" and isinstance(part.get("image_url"), dict):
+                if "url" in part["image_url"]:
+                    yield part["image_url"], "url"
+            elif kind == "input_image" and "image_url" in part:
+                yield part, "image_url"

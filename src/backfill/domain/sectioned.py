@@ -114,8 +114,6 @@ class SectionedExpander:
     def __init__(self) -> None:
         self._header_seen = False
         self._section: _Section | None = None
-        self._section_id = ""
-        self._prefix: list[msgspec.Raw] = []
         self._ids: set[str] = set()
         self._section_line = 0
         self._section_requests = 0
@@ -149,7 +147,7 @@ class SectionedExpander:
             self.requests += 1
             self._section_requests += 1
             shared = frozenset(self._section.body.keys() - request.body.keys())
-            origin = Origin(self._section_line, len(self._prefix), shared)
+            origin = Origin(self._section_line, len(self._section.messages), shared)
             yield line_no, self.requests, self._merge(request, line_no), origin
 
     def finish(self, line_no: int) -> None:
@@ -216,8 +214,6 @@ class SectionedExpander:
         self._ids.add(section.id)
         self._section_line, self._section_requests = line_no, 0
         self._section = section
-        self._section_id = section.id
-        self._prefix = section.messages
         return True
 
     def _section_ends(self) -> None:
@@ -227,7 +223,7 @@ class SectionedExpander:
             line = self._section_line
             raise LineError(
                 "invalid_value",
-                f"Line {line}: section {self._section_id!r} has no requests; remove it or put "
+                f"Line {line}: section {self._section.id!r} has no requests; remove it or put "
                 "its requests after it.",
                 line=line,
                 param="section",
@@ -237,7 +233,7 @@ class SectionedExpander:
         section = self._section
         assert section is not None
         body = {**section.body, **request.body}
-        if self._prefix:
+        if section.messages:
             own = request.body.get("messages")
             try:
                 tail = _MESSAGES.decode(own) if own is not None else []
@@ -248,14 +244,14 @@ class SectionedExpander:
                     line=line_no,
                     param="body.messages",
                 ) from None
-            body["messages"] = msgspec.Raw(_ENCODE([*self._prefix, *tail]))
+            body["messages"] = msgspec.Raw(_ENCODE([*section.messages, *tail]))
         return _ENCODE(
             _Expanded(
                 custom_id=request.custom_id,
                 method=request.method or _POST,
                 url=request.url or _CHAT,
                 body=body,
-                section=self._section_id,
+                section=section.id,
             )
         )
 

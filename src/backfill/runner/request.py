@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from typing import Any
 
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.input_format import request_body
@@ -130,14 +131,7 @@ class RequestRunner:
                 outcome: Outcome | None = failed(item.custom_id, "input_unavailable")
             else:
                 own = True
-                body = request_body(raw)
-                ready = (
-                    await with_inline_images(
-                        self._media, item.custom_id, body, self._media_line_bytes
-                    )
-                    if may_hold_remote_images(raw)
-                    else body
-                )
+                ready = await self._prepared(item, raw)
                 if isinstance(ready, Outcome):
                     outcome = ready
                 else:
@@ -168,6 +162,14 @@ class RequestRunner:
             free()
             if metered is not None:
                 self._meter.end(metered.id)
+
+    async def _prepared(self, item: ClaimedItem, raw: bytes) -> dict[str, Any] | Outcome:
+        """The body to send: the line's, with its https images inline; or the error row its
+        request ends with when an image cannot be fetched."""
+        body = request_body(raw)
+        if not may_hold_remote_images(raw):
+            return body
+        return await with_inline_images(self._media, item.custom_id, body, self._media_line_bytes)
 
     async def _give_up(self, batch: WorkBatch, item: ClaimedItem) -> bool:
         """End a request that keeps failing inside Backfill with an error row, so its batch

@@ -52,16 +52,16 @@ class Upload:
         self._received = 0
         # Known at the first line: a sectioned file is stored expanded (domain/sectioned.py).
         self._expander: SectionedExpander | None = None
-        self._format: InputFormat | None = None
+        self._begun = False
 
     async def feed(self, chunk: bytes) -> None:
         self._received += len(chunk)
-        if self._format is not InputFormat.SECTIONED:
+        if self._expander is None:
             self._check_quota(self._received)
         entries = b""
         try:
             first, lines = self._splitter.feed_lines(chunk)
-            if self._format is None and lines:
+            if not self._begun and lines:
                 self._begin(lines[0])
             if self._expander is not None:
                 await self._expand(first, lines)
@@ -76,11 +76,9 @@ class Upload:
                 await self._index.write(entries)
 
     def _begin(self, first_line: bytes) -> None:
+        self._begun = True
         if is_sectioned(first_line):
-            self._format = InputFormat.SECTIONED
             self._expander = SectionedExpander()
-        else:
-            self._format = InputFormat.JSONL
 
     def _check_quota(self, size: int) -> None:
         """The org's retained input, counted in stored bytes: a sectioned file's expanded."""
@@ -161,7 +159,7 @@ class Upload:
             )
         try:
             first, last = self._splitter.finish_lines()
-            if self._format is None and last:
+            if not self._begun and last:
                 self._begin(last[0])
             if self._expander is not None:
                 await self._expand(first, last)
@@ -199,7 +197,7 @@ class Upload:
             endpoint=summary.endpoint,
             prompt_token_bound=summary.prompt_token_bound,
             max_output_tokens=summary.max_output_tokens,
-            input_format=self._format or InputFormat.JSONL,
+            input_format=InputFormat.SECTIONED if self._expander else InputFormat.JSONL,
         )
         # The quota again, atomically with the row: concurrent uploads each saw the old total.
         await self._service.store.create_file(record, self._service.max_retained_input_bytes)
