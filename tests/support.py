@@ -25,6 +25,7 @@ from aiohttp import web
 import backfill.container
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import SystemClock
+from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import Backfill, build
@@ -316,9 +317,13 @@ def assert_exactly_once(
 
 
 def submit(
-    client: httpx.Client, rows: list[dict[str, Any]], endpoint: str = "/v1/chat/completions"
+    client: httpx.Client,
+    rows: list[dict[str, Any]],
+    endpoint: str = "/v1/chat/completions",
+    **fields: Any,
 ) -> str:
-    """Upload ``rows`` and create a 24h batch from them; returns the batch id."""
+    """Upload ``rows`` and create a 24h batch from them (with ``fields`` in the create body);
+    returns the batch id."""
     uploaded = client.post(
         "/v1/files",
         data={"purpose": "batch"},
@@ -331,6 +336,7 @@ def submit(
             "input_file_id": uploaded.json()["id"],
             "endpoint": endpoint,
             "completion_window": "24h",
+            **fields,
         },
     )
     assert created.status_code == 200, created.text
@@ -413,6 +419,25 @@ def missing_infrastructure(what: str) -> NoReturn:
     if os.environ.get("CI"):
         raise RuntimeError(f"CI must provide this: {what}")
     pytest.skip(f"MISSING INFRASTRUCTURE (CI provides it): {what}")
+
+
+@asynccontextmanager
+async def stores_on_one_database(
+    kind: str, tmp_path: Path, count: int
+) -> AsyncIterator[list[SqlStore]]:
+    """``count`` stores over one fresh database (``kind``: "postgresql" or "sqlite"), as that
+    many worker processes hold them: each its own connections."""
+    pg = kind == "postgresql"
+    url = await create_pg_database() if pg else f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+    made = [SqlStore(url) for _ in range(count)]
+    try:
+        await made[0].init()
+        yield made
+    finally:
+        for store in made:
+            await store.close()
+        if pg:
+            await drop_pg_database(url)
 
 
 async def create_pg_database() -> str:

@@ -27,22 +27,29 @@ from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.pressure import Flavor, MetricsProbe
 from backfill.adapters.fetch import FetchPolicy, SafeFetcher
 from backfill.adapters.http.app import create_app
+from backfill.adapters.notify.smtp import SmtpMailer, SmtpSettings
+from backfill.adapters.notify.webhooks import SignedWebhooks
 from backfill.adapters.private import private_dir, tighten_file
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.domain.media import MediaLimits
+from backfill.domain.notifications import RetrySchedule
 from backfill.metrics import Metrics
-from backfill.ports import Clock, Engine, PressureProbe
+from backfill.ports import Clock, Engine, PressureProbe, Sealer
 from backfill.runner.engines import Sharing
+from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker, WorkerConfig
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
+from backfill.services.notifications import NotificationService
 from backfill.services.operations import Operations
 from backfill.services.planner import Planner
+from backfill.services.reruns import RerunService
+from backfill.services.results import ResultService
 from backfill.services.retention import Janitor
 from backfill.services.tenants import TenantService
 from backfill.settings import (
@@ -240,6 +247,51 @@ def _media_fetcher(settings: Settings) -> SafeFetcher:
     return SafeFetcher(policy, ssl_context=context)
 
 
+def _webhooks(settings: Settings) -> SignedWebhooks:
+    """Signs and posts webhooks under the same address rules as image fetches (SPEC §10.4)."""
+    context = None
+    if settings.webhook_ca_file is not None:
+        context = ssl.create_default_context(cafile=str(settings.webhook_ca_file))
+    policy = FetchPolicy(
+        # A receiver's answer is never read; the bound only keeps the policy whole.
+        max_bytes=64 * 1024,
+        timeout_s=settings.webhook_timeout_s,
+        connect_timeout_s=min(5.0, settings.webhook_timeout_s),
+        max_redirects=0,
+        allow_http=settings.webhook_allow_http,
+        allow_private=settings.webhook_allow_private,
+        allowed_networks=tuple(settings.webhook_allowed_networks),
+    )
+    return SignedWebhooks(policy, ssl_context=context)
+
+
+def _notifier(
+    settings: Settings, store: SqlStore, sealer: Sealer, clock: Clock, metrics: Metrics
+) -> Notifier:
+    mailer = None
+    if settings.smtp_host:
+        mailer = SmtpMailer(
+            SmtpSettings(
+                host=settings.smtp_host,
+                port=settings.smtp_port,
+                sender=settings.smtp_from,
+                security=settings.smtp_security,
+                username=settings.smtp_username,
+                password=settings.smtp_password,
+                timeout_s=settings.smtp_timeout_s,
+            )
+        )
+    config = NotifyConfig(
+        webhooks=RetrySchedule(settings.webhook_attempts, settings.webhook_retry_base_s),
+        emails=RetrySchedule(settings.email_attempts, settings.email_retry_base_s),
+        # Twice the longest attempt: a live sender always ends its attempt within its lease.
+        lease_s=2 * max(settings.webhook_timeout_s, settings.smtp_timeout_s) + 5,
+        interval_s=settings.notify_interval_s,
+        public_url=settings.public_url,
+    )
+    return Notifier(store, _webhooks(settings), mailer, sealer, clock, config, metrics)
+
+
 def _limit(spec: EngineSettings) -> ConcurrencyLimit:
     targets = SharedTargets(
         slots=spec.slots,
@@ -271,7 +323,10 @@ def build(
         )
     master = load_master_key(settings.master_key, settings.data_dir / "master.key")
     keyring = master.keyring
-    blobs = EncryptedBlobStore(_raw_store(settings), keyring)
+    metrics = Metrics()
+    blobs = EncryptedBlobStore(
+        _raw_store(settings), keyring, on_damage=metrics.count_stored_file_damaged
+    )
     catalog = CatalogService(store, clock)
     limits = Limits(
         settings.max_file_bytes,
@@ -292,8 +347,10 @@ def build(
         limits,
         settings.input_file_ttl_s,
         max_retained_input_bytes=settings.max_retained_input_bytes,
+        on_damage=metrics.count_stored_file_damaged,
     )
-    metrics = Metrics()
+    # Judges webhook URLs where they are given (batch creation, org endpoints); never sends.
+    webhook_rules = _webhooks(settings)
     worker: Worker | None = None
     built = _Engines()
     if role in ("all", "worker"):
@@ -320,6 +377,7 @@ def build(
             sharing,
             built.on_demand,
             _media_fetcher(settings),
+            _notifier(settings, store, keyring, clock, metrics),
         )
     batches = BatchService(
         store,
@@ -332,6 +390,7 @@ def build(
         limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
         events=worker,
         deadline_admission=settings.deadline_admission,
+        webhook_refusal=webhook_rules.refusal,
     )
     operations = Operations(store, metrics, worker.observe if worker is not None else None)
     services = Services(
@@ -341,6 +400,9 @@ def build(
         catalog,
         BillingService(store, store, clock),
         operations,
+        NotificationService(store, store, store, keyring, clock, webhook_rules.refusal),
+        ResultService(store, keyring, files),
+        reruns=RerunService(store, batches, files, clock),
     )
     return Backfill(
         settings,

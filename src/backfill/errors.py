@@ -62,6 +62,15 @@ class Conflict(BackfillError):
     retryable = False
 
 
+class Gone(BackfillError):
+    """What was asked for existed and was removed for good (retention, a deletion)."""
+
+    status = 410
+    code = "gone"
+    type = "invalid_request_error"
+    retryable = False
+
+
 class PayloadTooLarge(BackfillError):
     status = 413
     code = "file_too_large"

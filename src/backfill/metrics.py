@@ -17,6 +17,12 @@ class Metrics:
         self.tokens = Counter(
             "backfill_tokens", "Tokens of stored successful results.", ["kind"], registry=r
         )
+        self.notifications = Counter(
+            "backfill_notifications",
+            "Notification attempts (webhooks, endpoint events, emails), by how they ended.",
+            ["channel", "outcome"],
+            registry=r,
+        )
         self.retries = Counter(
             "backfill_engine_retries",
             "Engine attempts retried, by reason.",
@@ -46,6 +52,13 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.stored_file_damaged = Counter(
+            "backfill_stored_file_damaged",
+            "Reads that found a stored file missing or damaged, by kind (missing, truncated, "
+            "header, segment, size_mismatch); the log line names the file. Restore from backup.",
+            ["kind"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "backfill_queue_depth", "Requests of unfinished batches not yet done.", registry=r
         )
@@ -57,6 +70,10 @@ class Metrics:
             ["model", "org"],
             registry=r,
         )
+
+    def count_stored_file_damaged(self, kind: str) -> None:
+        """One read found stored content missing or damaged (``kind`` as the counter's)."""
+        self.stored_file_damaged.labels(kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from backfill.domain.chunks import ChunkRef
 from backfill.domain.concurrency import Pressure
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.notifications import Attempt, Endpoint, Notification, SealedSecrets
 from backfill.domain.planning import Plan, PlanInputs
 from backfill.domain.records import (
     Admission,
@@ -31,6 +32,7 @@ from backfill.domain.records import (
     Receipt,
     StoredResult,
 )
+from backfill.domain.result_cursor import PagedResult, ResultCursor
 
 
 class Clock(Protocol):
@@ -130,9 +132,10 @@ class MediaFetchFailed(Exception):
     ``message`` ends up in the request's own error row, so it may name the URL's host and the
     rule, but never content."""
 
-    def __init__(self, message: str, code: str = "image_fetch_failed") -> None:
+    code = "image_fetch_failed"
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.code = code
         self.message = message
 
 
@@ -146,6 +149,36 @@ class MediaFetcher(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class DeliveryFailed(Exception):
+    """A notification could not be delivered: ``reason`` for its owner (never content)."""
+
+    def __init__(self, reason: str, status_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status_code = status_code
+
+
+class WebhookSender(Protocol):
+    """Posts signed webhooks through the SSRF-safe client (SPEC §10.4, §10.5)."""
+
+    def refusal(self, url: str) -> str | None:
+        """Why ``url`` may not receive webhooks (None: it may), without connecting."""
+        ...
+
+    async def deliver(self, url: str, message_id: str, body: bytes, secrets: Sequence[str]) -> int:
+        """POST ``body`` signed with each of ``secrets``; the answer's status code. Raises
+        ``DeliveryFailed`` when no answer came (refused, unreachable, timed out)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Mailer(Protocol):
+    async def send(self, to: str, subject: str, text: str) -> None:
+        """Raises ``DeliveryFailed`` when the mail server did not take the message."""
+        ...
 
 
 class WaitingWork(Protocol):
@@ -210,15 +243,25 @@ class FileStore(Protocol):
         transaction when the org's input files would then keep more than that."""
         ...
 
-    async def retained_input_bytes(self, org_id: str) -> int:
-        """Bytes of the org's input files that are not deleted."""
+    async def retained_input_bytes(self, org_id: str, now: int | None = None) -> int:
+        """Bytes of the org's input files that are not deleted (with ``now``: nor past their
+        expiry and read by no unfinished batch, as those read as removed)."""
         ...
 
     async def get_file(self, org_id: str, file_id: str) -> FileRecord | None: ...
 
     async def list_files(
-        self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
-    ) -> Page[FileRecord]: ...
+        self,
+        org_id: str,
+        purpose: str | None,
+        after: str | None,
+        limit: int,
+        ascending: bool,
+        now: int | None = None,
+    ) -> Page[FileRecord]:
+        """The org's files that are not deleted; with ``now``, also without those past their
+        expiry that no unfinished batch reads (what the janitor removes next)."""
+        ...
 
     async def mark_file_deleted(self, file_id: str) -> None: ...
 
@@ -301,6 +344,17 @@ class BatchStore(Protocol):
     ) -> bool:
         """Move a batch that could not start to ``failed`` with ``errors`` (OpenAI's
         ``errors.data``) and give back its reservation; False when its status moved on."""
+        ...
+
+
+class EndedBatchStore(BatchStore, Protocol):
+    """Batches that ended: what rerunning and deleting them needs beyond ``BatchStore``."""
+
+    async def delete_batch(self, org_id: str, batch_id: str, now: int) -> list[str] | None:
+        """Delete an ended batch of ``org_id`` with its queue items and notifications (its
+        receipts stay), in one transaction that also makes its result files expire at
+        ``now``, so the janitor removes them should the caller not finish doing so. Returns
+        those files' ids; None, changing nothing, when the org has no such ended batch."""
         ...
 
 
@@ -390,6 +444,19 @@ class ResultStore(Protocol):
         ...
 
 
+class ResultPages(Protocol):
+    """A batch's results as stored so far, for readers while it runs."""
+
+    async def results_after(
+        self, batch_id: str, cursor: ResultCursor, limit: int
+    ) -> list[PagedResult]:
+        """Up to ``limit`` stored results past ``cursor``, in the cursor's part: numbered
+        ones by the order they were stored, or unnumbered done lines (closed without a
+        result, or stored before numbering) by line. Sealed payloads are returned as stored;
+        a payload and error code both None means the results were purged."""
+        ...
+
+
 class OperationsStore(Protocol):
     """What operators read (reachability, gauges) and the leases that let one process at a
     time run a chore for everyone."""
@@ -412,6 +479,46 @@ class OperationsStore(Protocol):
         ...
 
 
+class NotificationStore(Protocol):
+    """The notification outbox (written when batches end) and the org settings it reads."""
+
+    async def claim_notifications(
+        self, now: float, token: str, until: float, limit: int
+    ) -> list[Notification]:
+        """Lease up to ``limit`` due pending messages for one attempt each (their ``attempts``
+        already counts it); no two callers get the same message before ``until``."""
+        ...
+
+    async def finish_attempt(self, message_id: str, token: str, attempt: Attempt) -> bool:
+        """Record how the leased attempt ended; False when the lease was lost meanwhile."""
+        ...
+
+    async def batch_notifications(self, org_id: str, batch_id: str) -> list[Notification]: ...
+
+    async def webhook_secrets(self, org_id: str) -> SealedSecrets: ...
+
+    async def set_webhook_secret(
+        self, org_id: str, sealed: bytes, now: int, *, rotate: bool
+    ) -> SealedSecrets:
+        """Store a new secret: with ``rotate`` the current one becomes the previous; without,
+        only when the org has none yet (the stored ones are returned either way)."""
+        ...
+
+    async def add_webhook_endpoint(
+        self, org_id: str, endpoint: Endpoint, now: int, max_endpoints: int
+    ) -> bool:
+        """False when the org already has ``max_endpoints``."""
+        ...
+
+    async def webhook_endpoints(self, org_id: str) -> list[Endpoint]: ...
+
+    async def remove_webhook_endpoint(self, org_id: str, endpoint_id: str) -> bool: ...
+
+    async def set_notify_email(self, org_id: str, email: str | None) -> None: ...
+
+    async def notify_email(self, org_id: str) -> str | None: ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -420,7 +527,9 @@ class Store(
     BatchStore,
     WorkQueue,
     ResultStore,
+    ResultPages,
     OperationsStore,
+    NotificationStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

@@ -211,6 +211,31 @@ class Settings(BaseSettings):
     fetch_allowed_networks: list[str] = Field(default_factory=list)
     # A PEM bundle of CAs to trust instead of the system's (a private CA in development).
     fetch_ca_file: Path | None = None
+    # Notifications when a batch ends (SPEC §10.5, docs/notifications.md). Webhooks go through
+    # the same address rules as image fetches, with their own switches for development.
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_attempts: int = Field(3, ge=1, le=20)
+    # The n-th retry waits base * 4^(n-1) seconds, at most an hour.
+    webhook_retry_base_s: float = Field(30.0, gt=0)
+    webhook_allow_http: bool = False
+    webhook_allow_private: bool = False
+    webhook_allowed_networks: list[str] = Field(default_factory=list)
+    webhook_ca_file: Path | None = None
+    # How often each worker looks for notifications that are due.
+    notify_interval_s: float = Field(1.0, gt=0)
+    # Email: set smtp_host to send one on every terminal state to the org's address.
+    smtp_host: str | None = None
+    smtp_port: int = Field(587, ge=1, le=65535)
+    smtp_security: Literal["starttls", "tls", "none"] = "starttls"
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_from: str = "backfill@localhost"
+    smtp_timeout_s: float = Field(30.0, gt=0)
+    # A mail server may be down for a while: more attempts than a webhook gets (about 4 h).
+    email_attempts: int = Field(8, ge=1, le=50)
+    email_retry_base_s: float = Field(30.0, gt=0)
+    # Where users reach this Backfill (for links in emails), e.g. https://batch.example.com.
+    public_url: str | None = None
     min_completion_window_s: int = 24 * 3600
     max_completion_window_s: int = 168 * 3600
     input_file_ttl_s: int = 24 * 3600

@@ -28,11 +28,12 @@ from backfill.domain.files import FilePurpose, FileRecord, FileStatus, content_k
 from backfill.domain.lifecycle import BatchStatus, ItemState, Outcome
 from backfill.domain.records import BatchRecord, FinalizeLease, Org
 from backfill.ports import BlobStore, BlobWriter
-from backfill.runner.finalize import Finalizer, result_context, result_file_id
+from backfill.runner.finalize import Finalizer, result_file_id
 from backfill.services.files import FileService
+from backfill.services.result_rows import result_context
 from backfill.services.retention import JANITOR, Janitor
 from tests.contract.test_store import _id, make_batch, make_org
-from tests.support import create_pg_database, drop_pg_database
+from tests.support import stores_on_one_database
 
 NOW = 1_000_000.0
 LINES = 7
@@ -43,17 +44,8 @@ COMPLETED = BatchStatus.COMPLETED
 @pytest.fixture(params=["postgresql", "sqlite"])
 async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[list[SqlStore]]:
     """Three stores over one database, as three worker processes hold them."""
-    pg = request.param == "postgresql"
-    url = await create_pg_database() if pg else f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
-    made = [SqlStore(url) for _ in range(3)]
-    try:
-        await made[0].init()
+    async with stores_on_one_database(request.param, tmp_path, 3) as made:
         yield made
-    finally:
-        for store in made:
-            await store.close()
-        if pg:
-            await drop_pg_database(url)
 
 
 @pytest.fixture

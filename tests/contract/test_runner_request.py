@@ -31,12 +31,12 @@ from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engines import EnginePool, EngineSlot, Queued, Sharing, Start
 from backfill.runner.failures import WorkerFailures
-from backfill.runner.finalize import result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.inputs import ClaimInput
 from backfill.runner.leases import Leases
 from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
+from backfill.services.result_rows import result_context
 from tests.contract.test_store import LEASE, NOW, all_results, make_batch, make_org, store, take
 
 __all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests

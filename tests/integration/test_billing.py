@@ -110,8 +110,9 @@ async def test_price_change_mid_batch_keeps_accepted_prices(backfill: InProcess)
         assert receipt["pricing"]["input"] == "100000"
         expected = token_charge(old, usage["input_tokens"], 0, usage["output_tokens"])
         assert int(receipt["amount"]["value"]) == expected
-    # New work is priced at the new prices.
-    again = (await backfill.create(uploaded["id"])).json()
+    # New work is priced at the new prices (the accepted input went with its batch).
+    reuploaded = (await backfill.upload(b"".join(_line(r) for r in rows))).json()
+    again = (await backfill.create(reuploaded["id"])).json()
     assert again["pricing"]["input"] == "999999"
     await backfill.wait(again["id"])
 

@@ -1,6 +1,6 @@
 """Fields of ``POST /v1/batches`` that cannot be honoured are refused with a named 400
-(SPEC §4.1): nesting or integers the request encoder refuses, and ``webhook_url``, which
-Backfill does not support (accepting it would silently drop the notification)."""
+(SPEC §4.1): nesting or integers the request encoder refuses, and a ``webhook_url`` that could
+never be delivered to."""
 
 from __future__ import annotations
 
@@ -59,12 +59,11 @@ async def test_nesting_the_encoder_accepts_reaches_the_field_rules(backfill: InP
     assert "string" in error["message"]
 
 
-async def test_webhook_url_is_refused_not_ignored(backfill: InProcess) -> None:
+async def test_an_undeliverable_webhook_url_is_refused(backfill: InProcess) -> None:
     file_id = await input_file(backfill)
-    response = await backfill.create(file_id, webhook_url="https://example.com/hook")
-    error = assert_refused(response, "unsupported_parameter", "webhook_url")
-    assert "'webhook_url'" in error["message"]
-    assert "GET /v1/batches" in error["message"]
+    response = await backfill.create(file_id, webhook_url="http://example.com/hook")
+    error = assert_refused(response, "invalid_value", "webhook_url")
+    assert "'webhook_url' must be an HTTPS URL on a public host" in error["message"]
     assert (await backfill.client.get("/v1/batches")).json()["data"] == []
     # Leaving it out, or null, is fine.
     created = await backfill.create(file_id, webhook_url=None)

@@ -235,8 +235,10 @@ async def test_list_filters_by_purpose(backfill: InProcess) -> None:
     batch = await backfill.run_batch([chat_line("only", "q")])
     outputs = (await backfill.client.get("/v1/files", params={"purpose": "batch_output"})).json()
     assert {f["id"] for f in outputs["data"]} == {batch["output_file_id"], batch["error_file_id"]}
+    unused = (await backfill.upload(jsonl([chat_line("unused", "q")]))).json()
     inputs = (await backfill.client.get("/v1/files", params={"purpose": "batch"})).json()
-    assert [f["id"] for f in inputs["data"]] == [batch["input_file_id"]]
+    # The finished batch's input went at completion (SPEC §10.3); the unused one is kept.
+    assert [f["id"] for f in inputs["data"]] == [unused["id"]]
 
 
 @pytest.mark.parametrize("params", [{"limit": "0"}, {"limit": "10001"}, {"order": "sideways"}])

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from standardwebhooks.webhooks import Webhook
 
 from backfill.adapters.fetch import FetchPolicy, Lookup, SafeFetcher
 from backfill.adapters.fetch.addresses import non_public_kind
-from backfill.ports import FetchedMedia, MediaFetcher, MediaFetchFailed
+from backfill.adapters.notify.webhooks import SignedWebhooks
+from backfill.ports import DeliveryFailed, FetchedMedia, MediaFetcher, MediaFetchFailed
 from tests.tls_support import make_pki
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -453,14 +455,19 @@ async def test_the_certificate_is_checked_against_the_url_host(server: ImageServ
     assert server.seen == []
 
 
-async def test_post_json_answers_the_status_under_the_same_rules(server: ImageServer) -> None:
-    async with fetcher(allowed_networks=("127.0.0.1/32",)) as safe:
-        status = await safe.post_json(
-            server.url("/hook"), b'{"id":"batch_1"}', {"webhook-id": "msg_1"}, timeout_s=2
-        )
-        moved = await safe.post_json(server.url("/moved"), b"{}", {}, timeout_s=2)
-        with pytest.raises(MediaFetchFailed) as caught:
-            await safe.post_json(f"https://10.0.0.5:{server.port}/hook", b"{}", {}, timeout_s=2)
+async def test_webhooks_are_posted_signed_under_the_same_rules(server: ImageServer) -> None:
+    policy = FetchPolicy(
+        max_bytes=1000, timeout_s=2.0, connect_timeout_s=1.0, allowed_networks=("127.0.0.1/32",)
+    )
+    secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    sender = SignedWebhooks(policy, ssl_context=make_pki().client_context(), lookup=local())
+    try:
+        status = await sender.deliver(server.url("/hook"), "msg_1", b'{"id":"batch_1"}', [secret])
+        moved = await sender.deliver(server.url("/moved"), "msg_2", b"{}", [secret])
+        with pytest.raises(DeliveryFailed) as caught:
+            await sender.deliver(f"https://10.0.0.5:{server.port}/hook", "msg_3", b"{}", [secret])
+    finally:
+        await sender.close()
     assert status == 204
     assert moved == 307
     assert [s.path for s in server.seen] == ["/hook", "/moved"]  # the redirect not followed
@@ -468,5 +475,6 @@ async def test_post_json_answers_the_status_under_the_same_rules(server: ImageSe
     assert (hook.method, hook.body) == ("POST", b'{"id":"batch_1"}')
     assert hook.headers["Content-Type"] == "application/json"
     assert hook.headers["webhook-id"] == "msg_1"
-    assert caught.value.code == "webhook_failed"
-    assert "the host is a private address (10.0.0.5)" in caught.value.message
+    headers = {k.lower(): v for k, v in hook.headers.items()}
+    Webhook(secret).verify(hook.body, headers)
+    assert "the host is a private address (10.0.0.5)" in caught.value.reason

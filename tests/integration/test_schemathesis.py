@@ -170,6 +170,24 @@ DELETED = {
     "required": ["id", "object", "deleted"],
     "properties": {"object": {"const": "file"}, "deleted": {"const": True}},
 }
+BATCH_DELETED = {
+    "type": "object",
+    "required": ["id", "object", "deleted"],
+    "properties": {"object": {"const": "batch.deleted"}, "deleted": {"const": True}},
+}
+NOTIFICATION = {
+    "type": "object",
+    "required": ["id", "object", "batch_id", "channel", "event", "status", "attempts"],
+    "properties": {
+        "object": {"const": "batch.notification"},
+        "channel": {"enum": ["webhook", "endpoint", "email"]},
+        "status": {"enum": ["pending", "delivered", "failed"]},
+        "attempts": {"type": "integer", "minimum": 0},
+        "last_status_code": NULLABLE_INT,
+        "next_attempt_at": NULLABLE_INT,
+        "delivered_at": NULLABLE_INT,
+    },
+}
 OK_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/files"): FILE,
     ("get", "/v1/files"): list_of(FILE),
@@ -179,6 +197,9 @@ OK_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/v1/batches"): list_of(BATCH),
     ("get", "/v1/batches/{batch_id}"): BATCH,
     ("post", "/v1/batches/{batch_id}/cancel"): BATCH,
+    ("post", "/v1/batches/{batch_id}/retry"): BATCH,
+    ("delete", "/v1/batches/{batch_id}"): BATCH_DELETED,
+    ("get", "/v1/batches/{batch_id}/notifications"): list_of(NOTIFICATION),
     ("get", "/v1/models"): list_of({"type": "object", "required": ["id"]}),
     ("get", "/v1/receipts/{request_id}"): {"type": "object"},
 }
@@ -211,6 +232,11 @@ def completed_spec(
                 responses["206"] = {"description": "A range of the bytes", **jsonl_body}
                 responses["304"] = {"description": "Not modified"}
                 responses["416"] = json_response(ERROR, "The range starts past the end")
+            elif path == "/v1/batches/{batch_id}/results":
+                responses["200"] = {
+                    "description": "Rows stored so far",
+                    "content": {"application/jsonl": {}},
+                }
             else:
                 responses["200"] = json_response(OK_SCHEMAS[(method, path)], "Success")
             operation["responses"] = responses

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -15,7 +13,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from backfill.cli.common import load, opened, operator_errors
+from backfill.cli.common import (
+    ConfigOpt,
+    DataOpt,
+    admin_settings,
+    operator_errors,
+    run_admin,
+    with_backfill,
+)
+from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.fair_share import MAX_WEIGHT, MIN_WEIGHT
@@ -30,7 +36,6 @@ from backfill.settings import (
     DeploymentSettings,
     ModelSettings,
     PricingSettings,
-    Settings,
     catalog_model_from,
 )
 
@@ -50,9 +55,9 @@ app.add_typer(credit_app, name="credit")
 app.add_typer(model_app, name="model")
 app.add_typer(deployment_app, name="deployment")
 app.add_typer(engine_app, name="engine")
+app.add_typer(webhook_app, name="webhook")
+app.add_typer(email_app, name="email")
 
-ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
-DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
 ModalitiesOpt = Annotated[str, typer.Option(help="Comma-separated: text, image, audio.")]
 MODALITIES = ",".join(DEFAULT_MODALITIES)
 EndpointsOpt = Annotated[
@@ -65,24 +70,6 @@ EndpointsOpt = Annotated[
 ENDPOINTS = ",".join(sorted(DEFAULT_MODEL_ENDPOINTS))
 
 
-def _settings(config: Path | None, data: Path | None) -> Settings:
-    return load(config, data_dir=data)
-
-
-Action = Callable[["Backfill"], Awaitable[str]]
-
-
-async def _with_backfill(settings: Settings, action: Action) -> str:
-    async with opened(settings) as backfill:
-        await backfill.seed_catalog()
-        return await action(backfill)
-
-
-def _run(settings: Settings, action: Action) -> None:
-    with operator_errors():
-        typer.echo(asyncio.run(_with_backfill(settings, action)))
-
-
 @org_app.command("create")
 def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
     """Create an organization."""
@@ -91,7 +78,7 @@ def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
         org = await b.services.tenants.create_org(name)
         return f"Created organization {org.name} ({org.id})."
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 def _org_json(org: Org) -> str:
@@ -107,7 +94,7 @@ def org_show(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
     async def action(b: Backfill) -> str:
         return _org_json(await b.services.tenants.org(name))
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @org_app.command("set")
@@ -128,7 +115,7 @@ def org_set(
     async def action(b: Backfill) -> str:
         return _org_json(await b.services.tenants.set_weight(name, weight))
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @org_app.command("ledger")
@@ -151,7 +138,7 @@ def org_ledger(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
             }
         )
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @key_app.command("create")
@@ -170,7 +157,7 @@ def key_create(
         made = await b.services.tenants.new_key(org, frozenset(scopes.split(",")), name)
         return made.secret
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 def _when(ts: int | None) -> str:
@@ -210,9 +197,9 @@ def key_list(
         keys.extend(await b.services.tenants.keys(org))
         return ""
 
-    settings = _settings(config, data)
+    settings = admin_settings(config, data)
     with operator_errors():
-        asyncio.run(_with_backfill(settings, action))
+        asyncio.run(with_backfill(settings, action))
     Console(width=200).print(_keys_table(org, keys))
 
 
@@ -228,7 +215,7 @@ def key_revoke(
         key = await b.services.tenants.revoke_key(key_id)
         return f"Revoked {key.id} ({key.prefix}…) at {_when(key.revoked_at)}."
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @credit_app.command("add")
@@ -245,7 +232,7 @@ def credit_add(
         ledger = await b.services.billing.credit(org, usd, note)
         return f"Added {usd} USD to {org}; balance {pico_to_usd(ledger.balance)} USD."
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 def _model_line(m: CatalogModel) -> str:
@@ -270,7 +257,7 @@ def model_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
     async def action(b: Backfill) -> str:
         return "\n".join(_model_line(m) for m in await b.services.catalog.all())
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @model_app.command("set")
@@ -306,7 +293,7 @@ def model_set(
     async def action(b: Backfill) -> str:
         return _model_line(await b.services.catalog.put(catalog_model_from(spec)))
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @deployment_app.command("set")
@@ -340,13 +327,13 @@ def deployment_set(
         owner = await b.services.tenants.org(org)
         return _model_line(await b.services.catalog.put(catalog_model_from(spec, owner.id)))
 
-    _run(_settings(config, data), action)
+    run_admin(admin_settings(config, data), action)
 
 
 @engine_app.command("list")
 def engine_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
     """List the engines this configuration defines (health: GET /admin/v1/engines)."""
-    settings = _settings(config, data)
+    settings = admin_settings(config, data)
     lines = [
         f"{e.name}  {e.base_url or 'managed: ' + ' '.join(e.command)}  models {', '.join(e.models)}"
         f"  max_concurrency {e.max_concurrency}"

@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from backfill.cli.follow import UNAVAILABLE, ResultFollower
 from backfill.domain.lifecycle import TERMINAL
 
 app = typer.Typer(help="Run and inspect batches.", no_args_is_help=True)
@@ -45,7 +46,10 @@ class Client:
             timeout=httpx.Timeout(600.0, connect=10.0),
         )
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(
+        self, method: str, path: str, *, allow: Collection[int] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """The answer, after retrying passing faults; a 4xx not in ``allow`` ends the CLI."""
         for attempt in range(5):
             try:
                 response = self._http.request(method, path, **kwargs)
@@ -57,7 +61,7 @@ class Client:
             if response.status_code >= 500 and attempt < 4:
                 time.sleep(2**attempt)
                 continue
-            if response.status_code >= 400:
+            if response.status_code >= 400 and response.status_code not in allow:
                 try:
                     message = response.json()["error"]["message"]
                 except (ValueError, KeyError, TypeError):
@@ -150,7 +154,9 @@ def _upload(client: Client, file: Path, data: bytes | None) -> str:
     return str(created["id"])
 
 
-def _poll(client: Client, batch_id: str) -> dict[str, Any]:
+def _poll(client: Client, batch_id: str, follower: ResultFollower | None = None) -> dict[str, Any]:
+    """Follow the batch to its end; with ``follower``, write its rows as they are stored.
+    ``follower.complete`` says afterwards whether the rows came that way."""
     with Progress(
         TextColumn("{task.fields[status]}", style="bold", markup=False),
         BarColumn(),
@@ -170,6 +176,8 @@ def _poll(client: Client, batch_id: str) -> dict[str, Any]:
                 status=batch["status"],
                 failed=counts["failed"],
             )
+            if follower is not None and not follower.catch_up():
+                follower = None  # the published files will be downloaded instead
             if batch["status"] in TERMINAL:
                 return batch
             time.sleep(1.0)
@@ -250,9 +258,27 @@ def run(
         console.print(Text.assemble("Batch ", (batch["id"], "bold"), " created."))
     else:
         console.print(Text.assemble("Resuming batch ", (state["batch_id"], "bold"), "."))
-    batch = _poll(client, state["batch_id"])
-    _download(client, batch["output_file_id"], out)
-    _download(client, batch["error_file_id"], errors)
+
+    def keep(results: dict[str, Any]) -> None:
+        # Beside the batch id, so a rerun finds where the files stopped.
+        state["results"] = results
+        _save(state_file, state)
+
+    follower = ResultFollower(
+        lambda path, params: client.request("GET", path, params=params, allow=UNAVAILABLE),
+        state["batch_id"],
+        out,
+        errors,
+        state.get("results"),
+        keep,
+    )
+    try:
+        batch = _poll(client, state["batch_id"], follower)
+    finally:
+        follower.close()
+    if not follower.complete:
+        _download(client, batch["output_file_id"], out)
+        _download(client, batch["error_file_id"], errors)
     retry = file.with_name(file.name + ".retry.jsonl")
     ok, remaining = _reconcile(file, out, retry)
     table = Table(title=Text(f"Batch {batch['id']}: {batch['status']}"))
@@ -326,3 +352,44 @@ def download(
     _download(client, batch["output_file_id"], out)
     _download(client, batch["error_file_id"], errors)
     typer.echo(f"Wrote {out} and {errors}.")
+
+
+@app.command()
+def retry(
+    batch_id: str,
+    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    api_key: ApiKey = "",
+    window: Annotated[
+        str | None, typer.Option(help="Completion window of the rerun (default: the batch's).")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the rerun until it ends.")] = False,
+) -> None:
+    """Rerun an ended batch's failed, expired and cancelled lines as a new batch; prints its id."""
+    client = Client(base_url, api_key)
+    body = {} if window is None else {"completion_window": window}
+    # One key per invocation: the client's own retries of a lost answer make one rerun.
+    batch = client.json(
+        "POST",
+        f"/batches/{batch_id}/retry",
+        json=body,
+        headers={"Idempotency-Key": secrets.token_hex(16)},
+    )
+    typer.echo(batch["id"])
+    if wait:
+        batch = _poll(client, batch["id"])
+        counts = batch["request_counts"]
+        console.print(
+            Text(
+                f"Batch {batch['id']}: {batch['status']}, {counts['completed']} succeeded, "
+                f"{counts['failed']} failed."
+            )
+        )
+
+
+@app.command()
+def delete(
+    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
+) -> None:
+    """Delete an ended batch's results and files (its receipts stay)."""
+    deleted = Client(base_url, api_key).json("DELETE", f"/batches/{batch_id}")
+    typer.echo(f"{deleted['id']}: deleted")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -53,3 +54,25 @@ def operator_errors() -> Iterator[None]:
     except (MasterKeyError, BackfillError) as exc:
         typer.secho(f"Error: {exc}", err=True, fg="red")
         raise typer.Exit(1) from None
+
+
+ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
+DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
+
+Action = Callable[["Backfill"], Awaitable[str]]
+
+
+def admin_settings(config: Path | None, data: Path | None) -> Settings:
+    return load(config, data_dir=data)
+
+
+async def with_backfill(settings: Settings, action: Action) -> str:
+    async with opened(settings) as backfill:
+        await backfill.seed_catalog()
+        return await action(backfill)
+
+
+def run_admin(settings: Settings, action: Action) -> None:
+    """Run one admin ``action`` against the database and print what it answers."""
+    with operator_errors():
+        typer.echo(asyncio.run(with_backfill(settings, action)))

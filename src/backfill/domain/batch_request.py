@@ -20,7 +20,6 @@ class CreateBatchRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     endpoint: str
     completion_window: str = DEFAULT_COMPLETION_WINDOW
     metadata: dict[str, str] | None = None
-    # Backfill sends no webhooks, so only null is taken: a caller counting on a notification
-    # learns at once that none will come.
-    webhook_url: None = None
+    # Checked against the webhook address rules when the batch is created (SPEC §10.4).
+    webhook_url: str | None = None
     output_expires_after: OutputExpiresAfter | None = None

@@ -97,6 +97,15 @@ def input_expiry_at_publish(current: int | None, now: int) -> int:
     return now if current is None else min(current, now)
 
 
+def past_expiry(expires_at: int | None, now: int) -> bool:
+    """Whether a file is due for removal at ``now`` (the janitor's rule: ``expires_at <= now``).
+
+    A due file reads as removed at once, before the janitor deletes it, unless an unfinished
+    batch still reads it as its input (the janitor keeps those too).
+    """
+    return expires_at is not None and expires_at <= now
+
+
 # How long a file may be asked to live (``expires_after`` of an upload, ``output_expires_after``
 # of a batch): at least an hour, at most 30 days.
 MIN_EXPIRY_S = 3600

@@ -51,3 +51,16 @@ def plausible(value: str, max_chars: int = MAX_ID_CHARS) -> bool:
     other control characters) is simply not found, without asking the database (PostgreSQL
     refuses NUL in text, for one)."""
     return 0 < len(value) <= max_chars and value.isprintable()
+
+
+def message_id() -> str:
+    """A notification's id: the ``webhook-id`` of every attempt to deliver it."""
+    return f"msg_{_token()}"
+
+
+def event_id() -> str:
+    return f"evt_{_token()}"
+
+
+def webhook_endpoint_id() -> str:
+    return f"we_{_token()}"

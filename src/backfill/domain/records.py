@@ -88,6 +88,9 @@ class BatchRecord:
     output_expires_after_s: int | None = None
     estimated_completion_at: int | None = None
     """When the planner last projected it to finish (Unix seconds); None: not known."""
+    webhook_url: str | None = None
+    retry_of: str | None = None
+    """The batch whose failed, expired and cancelled lines this one reruns."""
 
     @property
     def prices(self) -> Prices | None:
@@ -208,6 +211,10 @@ class StoredResult:
     ok: bool
     payload: bytes | None
     error_code: str | None
+    # Where the line's request is in the batch's input (a failed line's is kept for a rerun);
+    # 0 and 0 where the store does not say. Not part of what the result is.
+    offset: int = field(default=0, compare=False)
+    length: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,14 +22,20 @@ def http_error_row(custom_id: str, status_code: int, body: Any) -> bytes:
     return success_row(custom_id, status_code, body, ids.request_id())
 
 
-def error_row(custom_id: str, code: str, message: str) -> bytes:
-    return _row(custom_id, None, {"code": code, "message": message})
+def error_row(custom_id: str, code: str, message: str, *, row_id: str | None = None) -> bytes:
+    """``row_id``: the row's ``id`` when it must come out the same each time it is built."""
+    return _row(custom_id, None, {"code": code, "message": message}, row_id)
 
 
-def _row(custom_id: str, response: dict[str, Any] | None, error: dict[str, str] | None) -> bytes:
+def _row(
+    custom_id: str,
+    response: dict[str, Any] | None,
+    error: dict[str, str] | None,
+    row_id: str | None = None,
+) -> bytes:
     return orjson.dumps(
         {
-            "id": ids.batch_request_id(),
+            "id": row_id or ids.batch_request_id(),
             "custom_id": custom_id,
             "response": response,
             "error": error,

@@ -18,8 +18,10 @@ from backfill.domain import ids
 from backfill.domain.files import FileRecord, content_key, output_record
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
-from backfill.domain.results import ERROR_MESSAGES, error_row
+from backfill.domain.reruns import rerun_key
 from backfill.ports import BlobStore, BlobWriter, Clock, ResultStore, Sealer
+from backfill.runner.rerun_input import RerunInput
+from backfill.services.result_rows import render
 
 log = logging.getLogger("backfill.finalize")
 
@@ -31,10 +33,6 @@ def result_file_id(batch_id: str, kind: str, attempt: str) -> str:
     """The file id of one attempt's ``kind`` file: derived, so the attempt's token alone finds
     its blobs again, and distinct per attempt, so no two attempts write the same key."""
     return "file-" + hashlib.sha256(f"{batch_id}:{kind}:{attempt}".encode()).hexdigest()[:24]
-
-
-def result_context(batch_id: str, idx: int) -> bytes:
-    return f"{batch_id}/{idx}".encode()
 
 
 class LeaseLost(Exception):
@@ -185,17 +183,15 @@ class Finalizer:
         err = await self._blobs.writer(content_key(err_id))
         buffers = {True: bytearray(), False: bytearray()}
         writers: dict[bool, BlobWriter] = {True: out, False: err}
+        # The failed lines' requests, kept for a rerun: the input goes soon after publish.
+        rerun = RerunInput(self._blobs, content_key(batch.input_file_id), rerun_key(err_id))
         try:
             async for page in self._store.iter_results(batch.id):
                 lease.check()
+                await rerun.add([(r.offset, r.length) for r in page if not r.ok])
                 for r in page:
-                    if r.payload is not None:
-                        row = self._sealer.open(r.payload, result_context(batch.id, r.idx))
-                    else:
-                        code = r.error_code or "engine_unavailable"
-                        row = error_row(r.custom_id, code, ERROR_MESSAGES.get(code, code))
                     buf = buffers[r.ok]
-                    buf += row
+                    buf += render(self._sealer, batch.id, r)
                     buf += b"\n"
                     if len(buf) >= _FLUSH_BYTES:
                         await writers[r.ok].write(bytes(buf))
@@ -204,17 +200,22 @@ class Finalizer:
                 if buf:
                     await writers[ok].write(bytes(buf))
             lease.check()
-            return await out.commit(), await err.commit()
+            sizes = await out.commit(), await err.commit()
+            await rerun.commit()
+            return sizes
         except BaseException:
             await out.abort()
             await err.abort()
+            await rerun.abort()
             raise
 
     async def _discard(self, batch_id: str, attempt: str) -> None:
         """Remove an unpublished attempt's blobs; best effort (the files were never visible)."""
-        for kind in _KINDS:
+        error_id = result_file_id(batch_id, "error", attempt)
+        keys = [content_key(result_file_id(batch_id, kind, attempt)) for kind in _KINDS]
+        for key in [*keys, rerun_key(error_id)]:
             try:
-                await self._blobs.delete(content_key(result_file_id(batch_id, kind, attempt)))
+                await self._blobs.delete(key)
             except Exception:
                 log.warning("could not remove a blob of an abandoned finalize of %s", batch_id)
 

@@ -15,12 +15,12 @@ from backfill.ports import Catalog, Clock, MediaFetcher, Sealer
 from backfill.runner.attempts import Attempts
 from backfill.runner.engines import EngineSlot, Queued
 from backfill.runner.failures import WorkerFailures, is_permanent
-from backfill.runner.finalize import result_context
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.runner.leases import Leases
 from backfill.runner.media import with_inline_images
 from backfill.runner.replies import Outcome, failed
 from backfill.runner.results import ResultWriter
+from backfill.services.result_rows import result_context
 
 REPEATED_FAILURE = (
     "This request failed repeatedly inside Backfill (not at the engine) and was given up so "

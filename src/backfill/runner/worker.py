@@ -3,7 +3,8 @@
 - dispatch (``dispatch.py``) claims work and hands it to engine slots (``engines.py``);
 - each request runs as its own task (``request.py``);
 - the lifecycle (``lifecycle.py``) drives batches to their terminal state;
-- side tasks renew leases, charge GPU time, and sweep expired content.
+- side tasks renew leases, charge GPU time, sweep expired content, and send notifications
+  (``notify.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from backfill.runner.leases import Leases
 from backfill.runner.lifecycle import Lifecycle
 from backfill.runner.loops import Loops
+from backfill.runner.notify import Notifier
 from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
 from backfill.runner.validating import ValidatingTakeover
@@ -118,8 +120,10 @@ class Worker:
         sharing: Sharing | None = None,
         on_demand: Mapping[str, Switch] | None = None,
         media: MediaFetcher | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self._media = media
+        self._notifier = notifier
         self._store = store
         self._config = config
         self._clock = clock
@@ -189,6 +193,8 @@ class Worker:
         loops.every("leases", config.lease_s / 3, self.heartbeat)
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
+        if self._notifier is not None:
+            loops.every("notify", self._notifier.interval_s, self._notifier.step, at_once=True)
         if self._on_demand.slots:
             loops.every("engines-on-demand", ON_DEMAND_CHECK_S, self._on_demand.step, at_once=True)
         if self._planner is not None:
@@ -215,6 +221,8 @@ class Worker:
         await self._pool.stop()
         if self._media is not None:
             await self._media.close()
+        if self._notifier is not None:
+            await self._notifier.stop()
 
     def observe(self) -> None:
         """Refresh the gauges the worker alone knows (scraped with /metrics)."""

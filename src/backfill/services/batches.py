@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,6 +119,7 @@ class BatchService:
         limits: OrgLimits | None = None,
         events: BatchEvents | None = None,
         deadline_admission: bool = True,
+        webhook_refusal: Callable[[str], str | None] | None = None,
     ) -> None:
         self._store = store
         self._files = files
@@ -129,6 +131,8 @@ class BatchService:
         self._limits = limits or OrgLimits()
         self._events = events
         self._deadline_admission = deadline_admission
+        # Why a URL may not receive webhooks (None: it may); without one, none may.
+        self._webhook_refusal = webhook_refusal
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
@@ -140,9 +144,12 @@ class BatchService:
         request: CreateBatchRequest,
         idempotency_key: str | None,
         request_hash: str,
+        *,
+        retry_of: str | None = None,
     ) -> tuple[BatchRecord, bool]:
         """Create a batch; returns it and whether it was new (False on an idempotent replay).
-        ``request_hash`` tells a replay of the same submission from a reuse of its key."""
+        ``request_hash`` tells a replay of the same submission from a reuse of its key;
+        ``retry_of`` names the batch whose failed lines this one reruns."""
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
                 raise _bad(
@@ -160,6 +167,7 @@ class BatchService:
                 code="missing_required_parameter",
             )
         batch, admission = await self._new_batch(org_id, request, idempotency_key, request_hash)
+        batch.retry_of = retry_of
         # Nothing is committed (nor credit reserved) for input that cannot be read now.
         await self._check_readable(batch.input_file_id)
         try:
@@ -263,9 +271,9 @@ class BatchService:
                 f"{self._max_window_s / 3600:g}h (it is {window_text!r}).",
                 "completion_window",
             )
-        file = await self._files.find(org_id, file_id)
-        if file is None:
-            raise NotFound(f"No file with id {file_id!r}; upload it first.", param="input_file_id")
+        self._check_webhook_url(request.webhook_url)
+        # An expired or deleted file is refused saying so (FileService.get).
+        file = await self._files.get(org_id, file_id, param="input_file_id")
         if file.purpose != FilePurpose.BATCH:
             raise _bad(
                 f"File {file_id} has purpose {file.purpose!r}; use a 'batch' file.", "input_file_id"
@@ -332,7 +340,21 @@ class BatchService:
             price_output=prices.output if prices else None,
             output_token_bound=file.max_output_tokens,
             output_expires_after_s=expiry.seconds if expiry else None,
+            webhook_url=request.webhook_url,
         ), admission
+
+    def _check_webhook_url(self, url: str | None) -> None:
+        if url is None:
+            return
+        reason = (
+            "this server sends no webhooks"
+            if self._webhook_refusal is None
+            else self._webhook_refusal(url)
+        )
+        if reason is not None:
+            raise _bad(
+                f"'webhook_url' must be an HTTPS URL on a public host: {reason}.", "webhook_url"
+            )
 
     async def get(self, org_id: str, batch_id: str) -> BatchRecord:
         batch = await self._store.get_batch(org_id, batch_id)

@@ -8,7 +8,10 @@ from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
 from backfill.services.files import FileService
+from backfill.services.notifications import NotificationService
 from backfill.services.operations import Operations
+from backfill.services.reruns import RerunService
+from backfill.services.results import ResultService
 from backfill.services.tenants import TenantService
 
 
@@ -20,3 +23,6 @@ class Services:
     catalog: CatalogService
     billing: BillingService
     operations: Operations
+    notifications: NotificationService
+    results: ResultService
+    reruns: RerunService

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
@@ -16,13 +18,23 @@ from backfill.domain.files import (
     LineIndex,
     content_key,
     index_key,
+    past_expiry,
 )
 from backfill.domain.input_format import Limits, LineError, LineValidator
 from backfill.domain.lines import LineRef, LineSplitter
 from backfill.domain.records import Page
+from backfill.domain.reruns import rerun_key
 from backfill.domain.sectioned import Origin, SectionedExpander, is_sectioned
-from backfill.errors import Conflict, InvalidInput, NotFound, retained_input_limit
+from backfill.errors import (
+    Conflict,
+    ContentUnreadable,
+    InvalidInput,
+    NotFound,
+    retained_input_limit,
+)
 from backfill.ports import BlobStore, BlobWriter, Catalog, Clock, FileStore
+
+log = logging.getLogger("backfill.files")
 
 
 class Upload:
@@ -254,6 +266,7 @@ class FileService:
         limits: Limits,
         input_ttl_s: int,
         max_retained_input_bytes: int | None = None,
+        on_damage: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -263,12 +276,14 @@ class FileService:
         self.input_ttl_s = input_ttl_s
         # Per org, over its input files that are not deleted (SPEC §7.6); None: no limit.
         self.max_retained_input_bytes = max_retained_input_bytes
+        # Counts stored content found damaged here, by kind (the blob store counts its own).
+        self._on_damage = on_damage
 
     async def begin_upload(self, org_id: str) -> Upload:
         """Start an upload; refused before any byte is read when the org's quota is spent."""
         retained = 0
         if self.max_retained_input_bytes is not None:
-            retained = await self.store.retained_input_bytes(org_id)
+            retained = await self.store.retained_input_bytes(org_id, int(self.clock.now()))
             if retained >= self.max_retained_input_bytes:
                 raise retained_input_limit(retained, 0, self.max_retained_input_bytes)
         file_id = ids.file_id()
@@ -279,15 +294,28 @@ class FileService:
         return Upload(self, org_id, content, index, file_id, models, retained)
 
     async def find(self, org_id: str, file_id: str) -> FileRecord | None:
-        """The org's file, None when there is none or its content is deleted."""
+        """The org's file, None when there is none or it reads as removed (``removed``)."""
         record = await self.store.get_file(org_id, file_id)
-        return None if record is None or record.status == FileStatus.DELETED else record
+        return None if record is None or await self.removed(record) else record
 
-    async def get(self, org_id: str, file_id: str) -> FileRecord:
-        record = await self.find(org_id, file_id)
-        if record is None:
-            raise NotFound(f"No file with id {file_id!r}.", param="file_id")
+    async def get(self, org_id: str, file_id: str, *, param: str = "file_id") -> FileRecord:
+        """The org's file; NotFound when there is none or it reads as removed, with a message
+        that says which (``param`` names the field that held ``file_id``)."""
+        record = await self.store.get_file(org_id, file_id)
+        if record is None or await self.removed(record):
+            raise _not_found(file_id, record, int(self.clock.now()), param)
         return record
+
+    async def removed(self, record: FileRecord) -> bool:
+        """Whether ``record`` reads as removed: deleted, or past its expiry and read by no
+        unfinished batch. The second is what the janitor deletes at its next sweep; until then
+        the file answers as it will afterwards (SPEC §10.3: accepted input goes at completion),
+        so no reader sees content the retention rules say is gone."""
+        if record.status == FileStatus.DELETED:
+            return True
+        if not past_expiry(record.expires_at, int(self.clock.now())):
+            return False
+        return await self.store.unfinished_batch_for_file(record.id) is None
 
     async def expired(self, now: int, limit: int) -> list[FileRecord]:
         """Files past their expiry that no unfinished batch needs, for the janitor."""
@@ -306,10 +334,16 @@ class FileService:
             raise InvalidInput(
                 "'order' must be 'asc' or 'desc'.", code="invalid_value", param="order"
             )
-        return await self.store.list_files(org_id, purpose, after, limit, order == "asc")
+        return await self.store.list_files(
+            org_id, purpose, after, limit, order == "asc", now=int(self.clock.now())
+        )
 
     async def delete(self, org_id: str, file_id: str) -> FileRecord:
-        record = await self.get(org_id, file_id)
+        """Delete a file now. One past its expiry that the janitor has not swept yet is removed
+        at once too (200, like any other): asking to delete it is asking for its bytes to go."""
+        record = await self.store.get_file(org_id, file_id)
+        if record is None or record.status == FileStatus.DELETED:
+            raise _not_found(file_id, record, int(self.clock.now()), "file_id")
         if record.purpose == FilePurpose.BATCH:
             batch = await self.store.unfinished_batch_for_file(file_id)
             if batch is not None:
@@ -325,6 +359,9 @@ class FileService:
         """Delete a file's bytes (and a result file's per-request results), then mark it."""
         await self.blobs.delete(content_key(record.id))
         await self.blobs.delete(index_key(record.id))
+        if record.purpose == FilePurpose.BATCH_OUTPUT:
+            # An error file's rerun input lives and goes with it (domain/reruns.py).
+            await self.blobs.delete(rerun_key(record.id))
         if record.purpose == FilePurpose.BATCH_OUTPUT and record.batch_id:
             await self.store.purge_results(record.batch_id)
         await self.store.mark_file_deleted(record.id)
@@ -333,6 +370,30 @@ class FileService:
         self, record: FileRecord, start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes]:
         return self.blobs.stream(content_key(record.id), start, end)
+
+    async def check_stored_size(self, record: FileRecord) -> None:
+        """Raise ContentUnreadable (counted, logged with the file id) when the stored content
+        is not the size its record says: a Content-Length taken from the record would then be
+        a promise the body cannot keep."""
+        stored = await self.blobs.size(content_key(record.id))
+        if stored != record.bytes:
+            self.report_damage(record.id, "size_mismatch", f"{stored} bytes stored")
+            raise ContentUnreadable(
+                f"The stored content of file {record.id!r} has {stored} bytes, not the "
+                f"{record.bytes} its record says; it cannot be served. Report the file id to "
+                "the operator: it must be restored from a backup."
+            )
+
+    def report_damage(self, file_id: str, kind: str, detail: str) -> None:
+        """Log and count damage found in a file's stored content; ids and sizes, never content."""
+        log.error(
+            "stored file damaged: file_id=%s kind=%s (%s); restore it from a backup",
+            file_id,
+            kind,
+            detail,
+        )
+        if self._on_damage is not None:
+            self._on_damage(kind)
 
     async def lines(self, file_id: str, chunk: int = 5000) -> AsyncIterator[list[LineRef]]:
         """Where each request line of an input file starts, and its custom_id, ``chunk`` at a
@@ -351,3 +412,22 @@ class FileService:
                 del refs[:chunk]
         if refs:
             yield refs
+
+
+def _not_found(file_id: str, record: FileRecord | None, now: int, param: str) -> NotFound:
+    """The 404 of a file that does not exist, or exists and reads as removed; the second says
+    why, in the same words before the janitor has swept it as after."""
+    if record is None:
+        return NotFound(f"No file with id {file_id!r}.", param=param)
+    return NotFound(_removed_message(record, now), param=param)
+
+
+def _removed_message(record: FileRecord, now: int) -> str:
+    if record.expires_at is not None and past_expiry(record.expires_at, now):
+        when = datetime.fromtimestamp(record.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        again = "; upload it again to use it" if record.purpose == FilePurpose.BATCH else ""
+        return (
+            f"File {record.id!r} expired at {when} (expires_at {record.expires_at}) and is no "
+            f"longer available{again}."
+        )
+    return f"File {record.id!r} was deleted and is no longer available."

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from cryptography.exceptions import InvalidTag
 
@@ -21,6 +22,8 @@ from backfill.errors import ContentUnreadable, NotFound
 from backfill.ports import BlobWriter
 
 _CACHE_SEGMENTS = 16
+
+log = logging.getLogger("backfill.blobs")
 
 
 class _EncryptingWriter:
@@ -68,12 +71,25 @@ class EncryptedBlobStore:
     (no retry can help); the raw store's ``StorageError`` for an outage passes through.
     ``legacy_reads`` allows format-1 blobs, which are not bound to their key: only while the
     database says some may remain (``keyring.min_blob_format`` = 1).
+
+    Every such finding is logged with the blob's key (which names its file) and passed to
+    ``on_damage`` by kind: ``missing``, ``truncated`` (no whole blob has its size), ``header``
+    (the data key does not unwrap: damaged, another file's, or another master key) or
+    ``segment`` (a segment fails its tag).
     """
 
-    def __init__(self, raw: RawStore, keyring: Keyring, *, legacy_reads: bool = False) -> None:
+    def __init__(
+        self,
+        raw: RawStore,
+        keyring: Keyring,
+        *,
+        legacy_reads: bool = False,
+        on_damage: Callable[[str], None] | None = None,
+    ) -> None:
         self._raw = raw
         self._keyring = keyring
         self.legacy_reads = legacy_reads
+        self._on_damage = on_damage
         self._keys: OrderedDict[str, tuple[BlobKey, int, int]] = OrderedDict()
         self._segments: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
@@ -106,14 +122,21 @@ class EncryptedBlobStore:
             raw_size = await self._raw.size(key)
             header = await self._raw.read(key, 0, HEADER)
         except NotFound:
-            raise ContentUnreadable(f"Stored content {key!r} is missing.") from None
+            raise self._damaged(key, "missing", f"Stored content {key!r} is missing.") from None
         try:
             blob_key = self._keyring.parse_header(header, key, legacy=self.legacy_reads)
-            size, count = plaintext_size(raw_size, blob_key.segment)
         except (ValueError, InvalidTag):
-            raise ContentUnreadable(
+            raise self._damaged(
+                key,
+                "header",
                 f"Stored content {key!r} is damaged, belongs to another file, or was written "
-                "with another master key."
+                "with another master key.",
+            ) from None
+        try:
+            size, count = plaintext_size(raw_size, blob_key.segment)
+        except ValueError:
+            raise self._damaged(
+                key, "truncated", f"Stored content {key!r} is damaged (truncated)."
             ) from None
         entry = (blob_key, size, count)
         self._keys[key] = entry
@@ -130,18 +153,33 @@ class EncryptedBlobStore:
         try:
             data = await self._raw.read(key, HEADER + index * span, span)
         except NotFound:
-            raise ContentUnreadable(f"Stored content {key!r} is missing.") from None
+            raise self._damaged(key, "missing", f"Stored content {key!r} is missing.") from None
         nonce = segment_nonce(blob_key, index, last=index == count - 1)
         try:
             plain = blob_key.cipher.decrypt(nonce, data, blob_key.aad)
         except InvalidTag:
-            raise ContentUnreadable(
-                f"Stored content {key!r} is damaged (segment {index})."
+            # Also a blob cut short or replaced since it was opened: its segment reads short.
+            raise self._damaged(
+                key, "segment", f"Stored content {key!r} is damaged (segment {index})."
             ) from None
         self._segments[(key, index)] = plain
         if len(self._segments) > _CACHE_SEGMENTS:
             self._segments.popitem(last=False)
         return plain
+
+    def _damaged(self, key: str, kind: str, message: str) -> ContentUnreadable:
+        """Log and count what was found, and the error to raise; the key, never content."""
+        # Forget what was cached of it: the next read looks at storage again (a restored blob
+        # is then served without a restart).
+        self._forget(key)
+        log.error(
+            "stored content unreadable: key=%s kind=%s; restore the file from a backup",
+            key,
+            kind,
+        )
+        if self._on_damage is not None:
+            self._on_damage(kind)
+        return ContentUnreadable(message)
 
     async def size(self, key: str) -> int:
         return (await self._open(key))[1]

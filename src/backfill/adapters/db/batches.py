@@ -13,6 +13,7 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.claims import ChunkState, drop_chunks, open_lane
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.files import retained_input
+from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import (
     TERMINAL,
     batch_of,
@@ -152,7 +153,7 @@ class BatchQueries(SqlBase):
             balance=int(org.balance),
             reserved=int(org.reserved),
             unfinished=int(unfinished),
-            retained_input_bytes=await retained_input(conn, batch.org_id),
+            retained_input_bytes=await retained_input(conn, batch.org_id, batch.created_at),
             queued_output_tokens=queued,
             measured_rps=rps,
             unfinished_lines=lines,
@@ -263,6 +264,8 @@ class BatchQueries(SqlBase):
                     await open_lane(conn, moved, self.dialect)
                 elif to != BatchStatus.VALIDATING:
                     await drop_chunks(conn, batch_id)
+                if to in TERMINAL:
+                    await enqueue_terminal(conn, batch_id, now)
         return moved is not None
 
     async def batches_in(self, statuses: Sequence[str]) -> list[BatchRecord]:

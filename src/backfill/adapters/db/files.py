@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, insert, literal_column, select, update
+from sqlalchemy import ColumnElement, delete, func, insert, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -20,18 +20,26 @@ from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.records import Page
 
 
-async def retained_input(conn: AsyncConnection, org_id: str) -> int:
-    """Bytes of the org's input files that are not deleted."""
+def not_due(now: int) -> ColumnElement[bool]:
+    """Files the janitor would keep at ``now``: not past their expiry, or read by an unfinished
+    batch (the opposite of expired_files). The rest already read as removed."""
+    f, b = t.files, t.batches
+    busy = select(b.c.input_file_id).where(b.c.status.in_(UNFINISHED))
+    return or_(f.c.expires_at.is_(None), f.c.expires_at > now, f.c.id.in_(busy))
+
+
+async def retained_input(conn: AsyncConnection, org_id: str, now: int | None = None) -> int:
+    """Bytes of the org's input files that are not deleted (with ``now``: nor due for the
+    janitor, since those already read as removed)."""
     f = t.files
-    total = (
-        await conn.execute(
-            select(func.coalesce(func.sum(f.c.bytes), 0)).where(
-                f.c.org_id == org_id,
-                f.c.purpose == FilePurpose.BATCH,
-                f.c.status != FileStatus.DELETED,
-            )
-        )
-    ).scalar_one()
+    query = select(func.coalesce(func.sum(f.c.bytes), 0)).where(
+        f.c.org_id == org_id,
+        f.c.purpose == FilePurpose.BATCH,
+        f.c.status != FileStatus.DELETED,
+    )
+    if now is not None:
+        query = query.where(not_due(now))
+    total = (await conn.execute(query)).scalar_one()
     return int(total)
 
 
@@ -42,13 +50,13 @@ class FileQueries(SqlBase):
                 # Under the org row's lock two uploads that each fit alone cannot both be
                 # stored past the limit.
                 await lock_org(conn, self.dialect, record.org_id)
-                retained = await retained_input(conn, record.org_id)
+                retained = await retained_input(conn, record.org_id, record.created_at)
                 check_retained(retained, record.bytes, max_retained_bytes)
             await conn.execute(insert(t.files).values(**file_values(record)))
 
-    async def retained_input_bytes(self, org_id: str) -> int:
+    async def retained_input_bytes(self, org_id: str, now: int | None = None) -> int:
         async with self.engine.connect() as conn:
-            return await retained_input(conn, org_id)
+            return await retained_input(conn, org_id, now)
 
     async def get_file(self, org_id: str, file_id: str) -> FileRecord | None:
         async with self.engine.connect() as conn:
@@ -60,10 +68,19 @@ class FileQueries(SqlBase):
         return file_of(row) if row else None
 
     async def list_files(
-        self, org_id: str, purpose: str | None, after: str | None, limit: int, ascending: bool
+        self,
+        org_id: str,
+        purpose: str | None,
+        after: str | None,
+        limit: int,
+        ascending: bool,
+        now: int | None = None,
     ) -> Page[FileRecord]:
         f = t.files
         query = select(f).where(f.c.org_id == org_id, f.c.status != FileStatus.DELETED)
+        if now is not None:
+            # What the janitor removes next is left out already (it reads as removed).
+            query = query.where(not_due(now))
         if purpose:
             query = query.where(f.c.purpose == purpose)
         async with self.engine.connect() as conn:
@@ -106,6 +123,11 @@ class FileQueries(SqlBase):
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(t.items).where(t.items.c.batch_id == batch_id).values(result=None)
+            )
+            # The delivery log goes with the results: it names the batch's webhook URL and
+            # the org's endpoints and address, and nothing is left to notify about.
+            await conn.execute(
+                delete(t.notifications).where(t.notifications.c.batch_id == batch_id)
             )
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None:

@@ -14,6 +14,7 @@ from sqlalchemy import insert, or_, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import file_values, release_reservation
 from backfill.domain.files import FileRecord, input_expiry_at_publish
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus
@@ -124,6 +125,7 @@ class FinalizeQueries(SqlBase):
             for record in (output, errors):
                 await conn.execute(insert(t.files).values(**file_values(record)))
             await release_reservation(conn, batch_id)
+            await enqueue_terminal(conn, batch_id, now)
             # Accepted input is removed once its batch is over (SPEC §10.3): the janitor takes
             # it unless another unfinished batch still reads it.
             f = t.files

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.claims import drop_chunks
 from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import (
     TERMINAL,
     prices_of,
@@ -36,11 +37,16 @@ def _terms_of(row: Any) -> BatchTerms:
     )
 
 
-async def _apply(conn: AsyncConnection, batch_id: str, settlement: Settlement) -> None:
+async def _apply(
+    conn: AsyncConnection, batch_id: str, settlement: Settlement, numbered: int
+) -> None:
     """Add a write's counts to its batch's row (locked since the write's first select), and
     move the batch to ``finalizing`` when they complete it. The org row is left to the
-    caller, which updates each org once, in id order, after every batch."""
-    if not settlement.counted:
+    caller, which updates each org once, in id order, after every batch.
+
+    ``numbered``: how many ``done_seq`` numbers the write handed out; the row's
+    ``results_seq`` moves past them in this same update (no statement of its own)."""
+    if not settlement.counted and not numbered:
         return
     b = t.batches
     row = (
@@ -55,6 +61,7 @@ async def _apply(conn: AsyncConnection, batch_id: str, settlement: Settlement) -
                 cached_tokens=b.c.cached_tokens + settlement.cached_tokens,
                 charged=b.c.charged + settlement.charged,
                 reserved=b.c.reserved - settlement.released,
+                results_seq=b.c.results_seq + numbered,
             )
             .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
         )
@@ -98,13 +105,18 @@ class QueueQueries(SqlBase):
                     b.c.price_input,
                     b.c.price_cached_input,
                     b.c.price_output,
+                    b.c.results_seq,
                 )
                 .where(b.c.id.in_(batch_ids))
                 # Rows are locked in the order they are returned; without ORDER BY that is scan
                 # order, which changes as the rows are updated.
                 .order_by(b.c.id)
             )
-            terms = [_terms_of(row) for row in (await conn.execute(self.dialect.for_update(query)))]
+            rows = (await conn.execute(self.dialect.for_update(query))).all()
+            terms = [_terms_of(row) for row in rows]
+            # The last number handed out per batch, read under the batch row's lock (SQLite:
+            # the one writer), so numbers commit in order and a reader never skips one.
+            last_seq = {row.id: row.results_seq for row in rows}
             held = await self._held_leases(conn, results)
             flags = []
             for r in results:
@@ -115,6 +127,11 @@ class QueueQueries(SqlBase):
                 (r for r, ok in zip(results, flags, strict=True) if ok),
                 key=lambda r: (r.batch_id, r.idx),
             )
+            numbered: dict[str, int] = {}
+            seqs = []
+            for r in accepted:
+                numbered[r.batch_id] = numbered.get(r.batch_id, 0) + 1
+                seqs.append(last_seq[r.batch_id] + numbered[r.batch_id])
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
@@ -125,6 +142,7 @@ class QueueQueries(SqlBase):
                         state=ItemState.DONE,
                         outcome=bindparam("b_outcome"),
                         result=bindparam("b_result"),
+                        done_seq=bindparam("b_seq"),
                         input_tokens=bindparam("b_in"),
                         output_tokens=bindparam("b_out"),
                         lease_token=None,
@@ -138,8 +156,9 @@ class QueueQueries(SqlBase):
                             "b_result": r.payload,
                             "b_in": r.input_tokens,
                             "b_out": r.output_tokens,
+                            "b_seq": seq,
                         }
-                        for r in accepted
+                        for r, seq in zip(accepted, seqs, strict=True)
                     ],
                 )
             by_batch: dict[str, list[ItemResult]] = {}
@@ -151,7 +170,7 @@ class QueueQueries(SqlBase):
                 await conn.execute(insert(t.receipts), receipts)
             owed: dict[str, tuple[int, int]] = {}
             for batch, settlement in settled:
-                await _apply(conn, batch.id, settlement)
+                await _apply(conn, batch.id, settlement, numbered.get(batch.id, 0))
                 if settlement.charged:
                     charged, released = owed.get(batch.org_id, (0, 0))
                     owed[batch.org_id] = (
@@ -264,7 +283,15 @@ class QueueQueries(SqlBase):
             async with self.engine.connect() as conn:
                 rows = (
                     await conn.execute(
-                        select(i.c.idx, i.c.custom_id, i.c.outcome, i.c.result, i.c.error_code)
+                        select(
+                            i.c.idx,
+                            i.c.custom_id,
+                            i.c.outcome,
+                            i.c.result,
+                            i.c.error_code,
+                            i.c.offset,
+                            i.c.length,
+                        )
                         .where(i.c.batch_id == batch_id, i.c.idx > last)
                         .order_by(i.c.idx)
                         .limit(_RESULT_PAGE)
@@ -274,7 +301,15 @@ class QueueQueries(SqlBase):
                 return
             last = rows[-1].idx
             yield [
-                StoredResult(r.idx, r.custom_id, r.outcome == Outcome.OK, r.result, r.error_code)
+                StoredResult(
+                    r.idx,
+                    r.custom_id,
+                    r.outcome == Outcome.OK,
+                    r.result,
+                    r.error_code,
+                    offset=r.offset,
+                    length=r.length,
+                )
                 for r in rows
             ]
 
@@ -294,4 +329,5 @@ class QueueQueries(SqlBase):
             await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
             await drop_chunks(conn, batch_id)
             await release_reservation(conn, batch_id)
+            await enqueue_terminal(conn, batch_id, now)
         return True

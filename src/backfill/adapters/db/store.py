@@ -12,18 +12,24 @@ from backfill.adapters.db.claims import ClaimQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
+from backfill.adapters.db.notifications import NotificationQueries
 from backfill.adapters.db.planning import PlanningQueries
 from backfill.adapters.db.queue import QueueQueries
+from backfill.adapters.db.reruns import EndedBatchQueries
+from backfill.adapters.db.result_pages import ResultPageQueries
 
 
 class SqlStore(
     AccountQueries,
     BatchQueries,
     ClaimQueries,
+    EndedBatchQueries,
     FileQueries,
     FinalizeQueries,
     KeyringQueries,
+    NotificationQueries,
     PlanningQueries,
     QueueQueries,
+    ResultPageQueries,
 ):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

@@ -40,6 +40,13 @@ orgs = Table(
     Column("reserved", BigInteger, nullable=False, server_default="0"),
     # Its share of dispatch on shared engines, relative to other orgs' (domain/fair_share.py).
     Column("weight", Integer, nullable=False, server_default="1"),
+    # The Standard Webhooks signing secret, sealed with the master key (it must be read back to
+    # sign); the one it replaced keeps signing beside it for a while after a rotation.
+    Column("webhook_secret", LargeBinary),
+    Column("webhook_secret_previous", LargeBinary),
+    Column("webhook_secret_rotated_at", BigInteger),
+    # Where terminal-state emails go; null: none.
+    Column("notify_email", String(320)),
 )
 
 # Public model revisions and private deployments (owner_org_id set).
@@ -212,6 +219,12 @@ batches = Table(
     Column("finalize_until", Float),
     # The planner's projection of when the batch finishes (Unix seconds); null: unknown.
     Column("estimated_completion_at", BigInteger),
+    Column("webhook_url", Text),
+    # The last ``items.done_seq`` handed out: the result write holds this row's lock while it
+    # numbers its rows, so numbers commit in order and a reader's cursor never skips one.
+    Column("results_seq", BigInteger, nullable=False, server_default="0"),
+    # The batch this one reruns the failed, expired and cancelled lines of.
+    Column("retry_of", String(64)),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
     # The lifecycle reads batches by status, and in-progress ones by deadline: never them all.
@@ -238,8 +251,20 @@ items = Table(
     Column("output_tokens", Integer),
     # The chunk the line belongs to (null for lines of batches over before chunks existed).
     Column("chunk", Integer),
+    # The order results were stored in, per batch (``batches.results_seq``); null for lines
+    # closed without a result (never run) and for lines stored before results were numbered.
+    Column("done_seq", BigInteger),
     # Claims read queued lines of one chunk: (batch_id, state = 0, idx range).
     Index("ix_items_claim", "batch_id", "state", "idx"),
+    # Results read while a batch runs (GET /v1/batches/{id}/results), in the order stored.
+    # Partial: the lines inserted at batch creation have no number yet and cost it nothing.
+    Index(
+        "ix_items_results",
+        "batch_id",
+        "done_seq",
+        sqlite_where=text("done_seq IS NOT NULL"),
+        postgresql_where=text("done_seq IS NOT NULL"),
+    ),
     # Expired leases are put back by a sweep that reads only leased lines.
     Index(
         "ix_items_leased",
@@ -317,6 +342,54 @@ model_rates = Table(
     Column("observed_at", Float, nullable=False),
     Column("served", BigInteger, nullable=False),
     Column("busy", Boolean, nullable=False),
+)
+
+# Webhook endpoints an org registered for batch events (OpenAI's event names).
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    Column("url", Text, nullable=False),
+    # Comma-separated event types, e.g. "batch.completed,batch.failed".
+    Column("events", String(200), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Index("ix_webhook_endpoints_org", "org_id"),
+)
+
+# The notification outbox: one row per message to send (a batch's webhook, an org endpoint's
+# event, an email), written in the transaction that ends the batch. ``state``: 0 pending,
+# 1 delivered, 2 given up. A sender leases a row for one attempt, so one process sends it.
+notifications = Table(
+    "notifications",
+    metadata,
+    # The webhook-id of every attempt of this message.
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), nullable=False),
+    Column("batch_id", String(64), nullable=False),
+    Column("channel", String(16), nullable=False),
+    Column("endpoint_id", String(64)),
+    Column("target", Text, nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("state", SmallInteger, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", Float, nullable=False),
+    Column("lease_token", String(32)),
+    Column("lease_until", Float),
+    Column("last_status_code", Integer),
+    Column("last_error", String(300)),
+    Column("last_attempt_at", BigInteger),
+    Column("delivered_at", BigInteger),
+    Index("ix_notifications_batch", "batch_id"),
+    # The senders' query: pending rows by when they may be tried next.
+    Index(
+        "ix_notifications_due",
+        "next_at",
+        sqlite_where=text("state = 0"),
+        postgresql_where=text("state = 0"),
+    ),
 )
 
 # Work that one process at a time does for everyone (the janitor): a named lease.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 import aiohttp
 from yarl import URL
@@ -100,17 +100,6 @@ class SafeFetcher:
             if len(body) > limit:
                 raise Refused(too_large)
         return FetchedMedia(content_type=content_type, data=bytes(body))
-
-    async def post_json(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
-    ) -> int:
-        """POST JSON under the same address rules, no redirect followed; the status code.
-        Raises ``MediaFetchFailed`` (code ``webhook_failed``) when the URL is refused or the
-        server cannot be reached."""
-        try:
-            return await self._client.post_json(url, body, headers, timeout_s)
-        except Refused as exc:
-            raise MediaFetchFailed(f"{shown(url)}: {exc.reason}", code="webhook_failed") from None
 
     async def close(self) -> None:
         await self._client.close()

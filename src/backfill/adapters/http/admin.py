@@ -13,8 +13,10 @@ from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import list_object, model_object
 from backfill.domain.money import pico_to_usd
+from backfill.domain.notifications import Endpoint
 from backfill.domain.records import ApiKey, Ledger, Org
 from backfill.services.bundle import Services
+from backfill.services.notifications import SigningSecret
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -200,3 +202,74 @@ async def put_deployment(deployment_id: str, body: DeploymentIn, _: Admin, svc: 
 async def list_engines(request: Request, _: Admin) -> Response:
     status = request.app.state.engine_status
     return _json(list_object(status() if status else [], False))
+
+
+# ---- notifications (docs/notifications.md) ------------------------------------------------
+
+
+class EndpointIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Types and values are checked by the service, so the CLI and the API answer the same.
+    url: Any
+    events: Any
+
+
+class EmailIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    email: Any
+
+
+def endpoint_object(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "id": endpoint.id,
+        "object": "webhook_endpoint",
+        "url": endpoint.url,
+        "events": sorted(endpoint.events),
+    }
+
+
+def secret_object(org: str, signing: SigningSecret) -> dict[str, Any]:
+    return {
+        "org": org,
+        "object": "webhook_secret",
+        "secret": signing.secret,
+        "previous_valid_until": signing.previous_valid_until,
+    }
+
+
+@router.get("/orgs/{name}/webhook_secret")
+async def get_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
+    return _json(secret_object(name, await svc.notifications.signing_secret(name)))
+
+
+@router.post("/orgs/{name}/webhook_secret/rotate")
+async def rotate_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
+    return _json(secret_object(name, await svc.notifications.signing_secret(name, rotate=True)))
+
+
+@router.post("/orgs/{name}/webhooks")
+async def add_webhook(name: str, body: EndpointIn, _: Admin, svc: Svc) -> Response:
+    endpoint = await svc.notifications.add_endpoint(name, body.url, body.events)
+    return _json(endpoint_object(endpoint))
+
+
+@router.get("/orgs/{name}/webhooks")
+async def list_webhooks(name: str, _: Admin, svc: Svc) -> Response:
+    endpoints = await svc.notifications.endpoints(name)
+    return _json(list_object([endpoint_object(e) for e in endpoints], False))
+
+
+@router.delete("/orgs/{name}/webhooks/{endpoint_id}")
+async def remove_webhook(name: str, endpoint_id: str, _: Admin, svc: Svc) -> Response:
+    await svc.notifications.remove_endpoint(name, endpoint_id)
+    return _json({"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True})
+
+
+@router.get("/orgs/{name}/notifications")
+async def get_notify_email(name: str, _: Admin, svc: Svc) -> Response:
+    return _json({"org": name, "email": await svc.notifications.email(name)})
+
+
+@router.put("/orgs/{name}/notifications")
+async def set_notify_email(name: str, body: EmailIn, _: Admin, svc: Svc) -> Response:
+    return _json({"org": name, "email": await svc.notifications.set_email(name, body.email)})

@@ -14,6 +14,8 @@ from backfill.adapters.http.admin import router as admin_router
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
 from backfill.adapters.http.guard import EdgeGuard
+from backfill.adapters.http.reruns import router as reruns_router
+from backfill.adapters.http.results_routes import router as results_router
 from backfill.adapters.http.routes import router
 from backfill.errors import Unauthorized
 from backfill.services.bundle import Services
@@ -66,6 +68,8 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(router)
+    app.include_router(results_router)
+    app.include_router(reruns_router)
     app.include_router(admin_router)
 
     @app.get("/healthz", include_in_schema=False)

@@ -8,6 +8,7 @@ from backfill.domain.catalog import CatalogModel
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import pico_to_usd
+from backfill.domain.notifications import DeliveryState, Notification
 from backfill.domain.records import BatchRecord, Receipt
 
 
@@ -58,7 +59,9 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
         "model_config_id": b.model_config_id,
         "billing": b.billing,
         "pricing": b.prices.as_api() if b.prices else None,
-        "webhook_url": None,
+        "webhook_url": b.webhook_url,
+        # The batch whose failed, expired and cancelled lines this one reruns.
+        "retry_of": b.retry_of,
         # Kept by the planner while the batch runs; before and after, there is none.
         "estimated_completion_at": (
             b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
@@ -134,4 +137,33 @@ def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
         "has_more": bool(has_more),
+    }
+
+
+_DELIVERY = {
+    DeliveryState.PENDING: "pending",
+    DeliveryState.DELIVERED: "delivered",
+    DeliveryState.GIVEN_UP: "failed",
+}
+
+
+def notification_object(n: Notification) -> dict[str, Any]:
+    """One notification of a batch and where its delivery stands (docs/notifications.md)."""
+    pending = n.state == DeliveryState.PENDING
+    return {
+        "id": n.id,
+        "object": "batch.notification",
+        "batch_id": n.batch_id,
+        "channel": n.channel.value,
+        "event": n.event,
+        "target": n.target,
+        "endpoint_id": n.endpoint_id,
+        "status": _DELIVERY[n.state],
+        "attempts": n.attempts,
+        "last_status_code": n.last_status_code,
+        "last_error": n.last_error,
+        "last_attempt_at": n.last_attempt_at,
+        "next_attempt_at": int(n.next_at) if pending else None,
+        "delivered_at": n.delivered_at,
+        "created_at": n.created_at,
     }

@@ -143,14 +143,10 @@ def _check_metadata(value: Any) -> None:
             )
 
 
-def _refuse_webhook(value: Any) -> None:
-    if value is not None:
-        raise _bad(
-            "'webhook_url' is not supported: Backfill sends no webhooks; poll "
-            "GET /v1/batches/{batch_id} instead, and leave 'webhook_url' out or null.",
-            "webhook_url",
-            "unsupported_parameter",
-        )
+def _check_webhook_url(value: Any) -> None:
+    # Where it may point is the batch service's to judge (the webhook address rules).
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _bad("'webhook_url' must be an HTTPS URL on a public host, or null.", "webhook_url")
 
 
 def _check_expiry(value: Any) -> None:
@@ -180,6 +176,6 @@ FIELD_RULES: dict[str, Callable[[Any], None]] = {
     "endpoint": _check_endpoint,
     "completion_window": _check_window,
     "metadata": _check_metadata,
-    "webhook_url": _refuse_webhook,
+    "webhook_url": _check_webhook_url,
     "output_expires_after": _check_expiry,
 }

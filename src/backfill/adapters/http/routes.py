@@ -16,6 +16,7 @@ from backfill.adapters.http.presenters import (
     file_object,
     list_object,
     model_object,
+    notification_object,
     receipt_object,
 )
 from backfill.adapters.http.requests import create_batch_request
@@ -140,6 +141,16 @@ async def get_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
 async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     return _json(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
+
+
+@router.get(
+    "/batches/{batch_id}/notifications",
+    summary="The batch's webhook, endpoint and email notifications and their delivery",
+)
+async def batch_notifications(batch_id: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    sent = await svc.notifications.deliveries(caller.org_id, batch_id)
+    return _json(list_object([notification_object(n) for n in sent], False))
 
 
 @router.get("/models", summary="The model catalog (with this org's private deployments)")

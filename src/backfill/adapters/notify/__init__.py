@@ -1,0 +1,1 @@
+"""Senders of batch notifications: signed webhooks and plain emails."""

@@ -1,0 +1,137 @@
+"""``backfill admin webhook`` and ``backfill admin email``: an org's signing secret, its webhook
+endpoints for batch events, and where its terminal-state emails go (docs/notifications.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from backfill.cli.common import ConfigOpt, DataOpt, admin_settings, run_admin
+from backfill.domain.notifications import EVENTS
+
+if TYPE_CHECKING:
+    from backfill.container import Backfill
+
+webhook_app = typer.Typer(
+    help="Webhooks: an org's signing secret and its endpoints for batch events.",
+    no_args_is_help=True,
+)
+email_app = typer.Typer(help="Where an org's batch emails go.", no_args_is_help=True)
+
+OrgArg = Annotated[str, typer.Argument(help="Organization name.")]
+
+
+@webhook_app.command("secret")
+def webhook_secret(
+    org: OrgArg,
+    rotate: Annotated[
+        bool,
+        typer.Option(
+            help="Make a new secret; the old one keeps signing beside it for 24 hours, so "
+            "receivers can switch over."
+        ),
+    ] = False,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Print the org's webhook signing secret (whsec_...), made on first use."""
+
+    async def action(b: Backfill) -> str:
+        signing = await b.services.notifications.signing_secret(org, rotate=rotate)
+        return signing.secret
+
+    run_admin(admin_settings(config, data), action)
+
+
+@webhook_app.command("add")
+def webhook_add(
+    org: OrgArg,
+    url: Annotated[str, typer.Argument(help="An HTTPS URL on a public host.")],
+    events: Annotated[
+        str, typer.Option(help=f"Comma-separated, some of: {', '.join(sorted(EVENTS))}.")
+    ] = ",".join(sorted(EVENTS)),
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Register an endpoint for batch events; prints it as JSON."""
+
+    async def action(b: Backfill) -> str:
+        wanted = [e.strip() for e in events.split(",") if e.strip()]
+        endpoint = await b.services.notifications.add_endpoint(org, url, wanted)
+        return json.dumps({"id": endpoint.id, "url": endpoint.url, "events": sorted(wanted)})
+
+    run_admin(admin_settings(config, data), action)
+
+
+@webhook_app.command("list")
+def webhook_list(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """Print the org's endpoints, one JSON object per line."""
+
+    async def action(b: Backfill) -> str:
+        endpoints = await b.services.notifications.endpoints(org)
+        return (
+            "\n".join(
+                json.dumps({"id": e.id, "url": e.url, "events": sorted(e.events)})
+                for e in endpoints
+            )
+            or f"Organization {org} has no webhook endpoints."
+        )
+
+    run_admin(admin_settings(config, data), action)
+
+
+@webhook_app.command("remove")
+def webhook_remove(
+    org: OrgArg,
+    endpoint_id: Annotated[str, typer.Argument(help="The endpoint's id (we_...).")],
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Remove an endpoint; messages already queued for it are still sent."""
+
+    async def action(b: Backfill) -> str:
+        await b.services.notifications.remove_endpoint(org, endpoint_id)
+        return f"Removed webhook endpoint {endpoint_id} of {org}."
+
+    run_admin(admin_settings(config, data), action)
+
+
+@email_app.command("set")
+def email_set(
+    org: OrgArg,
+    address: Annotated[str, typer.Argument(help="Where the org's batch emails go.")],
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+) -> None:
+    """Send an email to ADDRESS whenever one of the org's batches ends (needs smtp_host)."""
+
+    async def action(b: Backfill) -> str:
+        await b.services.notifications.set_email(org, address)
+        note = "" if b.settings.smtp_host else " Set smtp_host for Backfill to send them."
+        return f"Batch emails of {org} go to {address}.{note}"
+
+    run_admin(admin_settings(config, data), action)
+
+
+@email_app.command("off")
+def email_off(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """Send the org no more batch emails."""
+
+    async def action(b: Backfill) -> str:
+        await b.services.notifications.set_email(org, None)
+        return f"Organization {org} gets no batch emails."
+
+    run_admin(admin_settings(config, data), action)
+
+
+@email_app.command("show")
+def email_show(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> None:
+    """Print where the org's batch emails go."""
+
+    async def action(b: Backfill) -> str:
+        address = await b.services.notifications.email(org)
+        return address or f"Organization {org} gets no batch emails."
+
+    run_admin(admin_settings(config, data), action)

@@ -1,0 +1,186 @@
+"""The notifier: sends what the outbox holds (SPEC §10.5, seed 004).
+
+Messages are written in the transaction that ends a batch (adapters/db/outbox.py). Every worker
+polls for due ones and leases each for one attempt, so in scale-out exactly one process sends an
+attempt; one killed mid-attempt leaves the message due again when its lease ends, to be sent
+with the same ``webhook-id``. Sends run as their own tasks, never inside the worker's loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import orjson
+
+from backfill.domain import ids
+from backfill.domain.notifications import (
+    MAX_ERROR_CHARS,
+    PREVIOUS_SECRET_GRACE_S,
+    Attempt,
+    Channel,
+    Notification,
+    RetrySchedule,
+    email_message,
+    new_webhook_secret,
+    secret_context,
+)
+from backfill.metrics import Metrics
+from backfill.ports import (
+    Clock,
+    DeliveryFailed,
+    Mailer,
+    NotificationStore,
+    Sealer,
+    WebhookSender,
+)
+
+log = logging.getLogger("backfill.notify")
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyConfig:
+    webhooks: RetrySchedule
+    emails: RetrySchedule
+    # Longer than any one attempt may take, so a live sender's lease never runs out under it.
+    lease_s: float
+    interval_s: float
+    max_in_flight: int = 32
+    public_url: str | None = None
+
+
+class Notifier:
+    def __init__(
+        self,
+        store: NotificationStore,
+        webhooks: WebhookSender,
+        mailer: Mailer | None,
+        sealer: Sealer,
+        clock: Clock,
+        config: NotifyConfig,
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._webhooks = webhooks
+        self._mailer = mailer
+        self._sealer = sealer
+        self._clock = clock
+        self._config = config
+        self._metrics = metrics
+        self._token = ids.lease_token()
+        self._sending: set[asyncio.Task[None]] = set()
+
+    @property
+    def interval_s(self) -> float:
+        return self._config.interval_s
+
+    async def step(self) -> None:
+        """Lease the due messages this sender has room for and start sending them."""
+        room = self._config.max_in_flight - len(self._sending)
+        if room <= 0:
+            return
+        now = self._clock.now()
+        for message in await self._store.claim_notifications(
+            now, self._token, now + self._config.lease_s, room
+        ):
+            task = asyncio.create_task(self._attempt(message), name=f"notify {message.id}")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def stop(self) -> None:
+        """Cancel the attempts under way: their leases run out and they are sent again."""
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._webhooks.close()
+
+    def _schedule(self, message: Notification) -> RetrySchedule:
+        return self._config.emails if message.channel == Channel.EMAIL else self._config.webhooks
+
+    async def _attempt(self, message: Notification) -> None:
+        schedule = self._schedule(message)
+        if message.attempts > schedule.attempts:
+            # The last attempt was cut short (its sender died): that was the last one.
+            await self._finish(message, schedule, None, "the last attempt was interrupted")
+            return
+        try:
+            if message.channel == Channel.EMAIL:
+                await self._email(message)
+                status: int | None = None
+            else:
+                status = await self._post(message)
+        except DeliveryFailed as exc:
+            await self._finish(message, schedule, exc.status_code, exc.reason)
+            return
+        except Exception as exc:
+            log.exception("notification %s of batch %s failed", message.id, message.batch_id)
+            await self._finish(message, schedule, None, f"internal error ({type(exc).__name__})")
+            return
+        if status is not None and not 200 <= status < 300:
+            await self._finish(message, schedule, status, f"the receiver answered {status}")
+            return
+        await self._finish(message, schedule, status, None)
+
+    async def _post(self, message: Notification) -> int:
+        body = orjson.dumps(message.payload)
+        signing = await self._secrets(message.org_id)
+        return await self._webhooks.deliver(message.target, message.id, body, signing)
+
+    async def _email(self, message: Notification) -> None:
+        if self._mailer is None:
+            raise DeliveryFailed("Backfill has no SMTP settings (smtp_host) to send email with")
+        subject, text = email_message(message.payload, self._config.public_url)
+        await self._mailer.send(message.target, subject, text)
+
+    async def _secrets(self, org_id: str) -> list[str]:
+        """The org's signing secrets: the current one, and the one it replaced while that is
+        within its grace; the org's first secret is made here when it has none."""
+        stored = await self._store.webhook_secrets(org_id)
+        context = secret_context(org_id)
+        if stored.current is None:
+            sealed = self._sealer.seal(new_webhook_secret().encode(), context)
+            stored = await self._store.set_webhook_secret(
+                org_id, sealed, int(self._clock.now()), rotate=False
+            )
+        assert stored.current is not None
+        signing = [self._sealer.open(stored.current, context).decode()]
+        if (
+            stored.previous is not None
+            and stored.rotated_at is not None
+            and self._clock.now() < stored.rotated_at + PREVIOUS_SECRET_GRACE_S
+        ):
+            signing.append(self._sealer.open(stored.previous, context).decode())
+        return signing
+
+    async def _finish(
+        self,
+        message: Notification,
+        schedule: RetrySchedule,
+        status: int | None,
+        error: str | None,
+    ) -> None:
+        now = self._clock.now()
+        delivered = error is None
+        next_at = None if delivered else schedule.after(message.attempts, now)
+        attempt = Attempt(
+            delivered=delivered,
+            at=int(now),
+            status_code=status,
+            error=None if error is None else error[:MAX_ERROR_CHARS],
+            next_at=next_at,
+        )
+        outcome = "delivered" if delivered else ("retrying" if next_at is not None else "given_up")
+        self._metrics.notifications.labels(message.channel.value, outcome).inc()
+        if not delivered:
+            log.warning(
+                "%s notification %s of batch %s, attempt %d: %s (%s)",
+                message.channel.value,
+                message.id,
+                message.batch_id,
+                message.attempts,
+                error,
+                "will retry" if next_at is not None else "given up",
+            )
+        if not await self._store.finish_attempt(message.id, self._token, attempt):
+            log.warning("the lease of notification %s ran out before its attempt ended", message.id)
