@@ -284,8 +284,8 @@ def _notifier(
     config = NotifyConfig(
         webhooks=RetrySchedule(settings.webhook_attempts, settings.webhook_retry_base_s),
         emails=RetrySchedule(settings.email_attempts, settings.email_retry_base_s),
-        # Twice the longest attempt: a live sender always ends its attempt within its lease.
-        lease_s=2 * max(settings.webhook_timeout_s, settings.smtp_timeout_s) + 5,
+        # The transport's own timeout decides first, with its own message; this bounds the rest.
+        attempt_timeout_s=max(settings.webhook_timeout_s, settings.smtp_timeout_s) + 2,
         interval_s=settings.notify_interval_s,
         public_url=settings.public_url,
     )
@@ -366,7 +366,13 @@ def build(
             WorkerConfig.from_settings(settings, sole_worker=role == "all" and store.is_sqlite),
             catalog,
             BatchStarter(store, files, clock),
-            Janitor(store, files, clock),
+            Janitor(
+                store,
+                files,
+                clock,
+                notifications=store,
+                keep_notifications_s=settings.output_file_ttl_s,
+            ),
             metrics,
             Planner(
                 store,

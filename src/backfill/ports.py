@@ -67,6 +67,11 @@ class BlobStore(Protocol):
 
     async def size(self, key: str) -> int: ...
 
+    async def exists(self, key: str) -> bool:
+        """Whether anything is stored at ``key``; its content is not looked at. For content
+        that may rightly be absent, which must not read as damage."""
+        ...
+
     async def delete(self, key: str) -> None: ...
 
     async def close(self) -> None: ...
@@ -491,6 +496,15 @@ class NotificationStore(Protocol):
 
     async def finish_attempt(self, message_id: str, token: str, attempt: Attempt) -> bool:
         """Record how the leased attempt ended; False when the lease was lost meanwhile."""
+        ...
+
+    async def give_back(self, message_id: str, token: str, now: float) -> bool:
+        """Hand back a leased attempt that was never made (its sender is stopping): due at
+        ``now`` again, and not counted."""
+        ...
+
+    async def prune_notifications(self, settled_before: int) -> int:
+        """Remove delivered and given-up messages created before ``settled_before``."""
         ...
 
     async def batch_notifications(self, org_id: str, batch_id: str) -> list[Notification]: ...

@@ -48,6 +48,8 @@ async def add_notification(store: SqlStore, batch: BatchRecord) -> None:
                 payload={"batch_id": batch.id},
                 created_at=int(NOW),
                 next_at=NOW,
+                # Delivered: one still pending is sent to its end even after a delete.
+                state=1,
             )
         )
 

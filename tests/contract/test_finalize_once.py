@@ -81,6 +81,9 @@ class CountingBlobs:
     async def size(self, key: str) -> int:
         return await self.inner.size(key)
 
+    async def exists(self, key: str) -> bool:
+        return await self.inner.exists(key)
+
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
 

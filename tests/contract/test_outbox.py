@@ -168,7 +168,7 @@ async def test_two_senders_never_send_one_attempt_twice(stores: list[SqlStore]) 
     config = NotifyConfig(
         webhooks=RetrySchedule(3, 0.05),
         emails=RetrySchedule(3, 0.05),
-        lease_s=30,
+        attempt_timeout_s=10,
         interval_s=0.01,
         max_in_flight=8,
     )
@@ -197,10 +197,28 @@ async def test_two_senders_never_send_one_attempt_twice(stores: list[SqlStore]) 
     assert secret is not None
 
 
-async def test_the_delivery_log_goes_with_the_results(stores: list[SqlStore]) -> None:
+async def test_settled_messages_are_pruned_by_age(stores: list[SqlStore]) -> None:
     org = await make_org(stores[0])
-    batch_id = await ended(stores[0], org, BatchStatus.CANCELLED, webhook_url=HOOK)
-    kept = await ended(stores[0], org, BatchStatus.CANCELLED, webhook_url=HOOK)
-    await stores[0].purge_results(batch_id)
-    assert await stores[0].batch_notifications(org.id, batch_id) == []
-    assert len(await stores[0].batch_notifications(org.id, kept)) == 1
+    settled = await ended(stores[0], org, BatchStatus.CANCELLED, webhook_url=HOOK)
+    pending = await ended(stores[0], org, BatchStatus.CANCELLED, webhook_url=HOOK)
+    claimed = {m.batch_id: m for m in await stores[0].claim_notifications(NOW, "t", NOW + 30, 9)}
+    assert await stores[0].finish_attempt(
+        claimed[settled].id, "t", Attempt(delivered=True, at=int(NOW), status_code=200)
+    )
+    assert await stores[0].prune_notifications(int(NOW)) == 0  # not older than the cut
+    assert await stores[0].prune_notifications(int(NOW) + 1) == 1
+    assert await stores[0].batch_notifications(org.id, settled) == []
+    # A message still being delivered stays, however old.
+    assert len(await stores[0].batch_notifications(org.id, pending)) == 1
+
+
+async def test_a_message_given_back_is_due_at_once_and_not_counted(
+    stores: list[SqlStore],
+) -> None:
+    org = await make_org(stores[0])
+    await ended(stores[0], org, BatchStatus.CANCELLED, webhook_url=HOOK)
+    [held] = await stores[0].claim_notifications(NOW, "stopping", NOW + 30, 10)
+    assert not await stores[1].give_back(held.id, "other", NOW + 1)
+    assert await stores[0].give_back(held.id, "stopping", NOW + 1)
+    [again] = await stores[1].claim_notifications(NOW + 1, "next", NOW + 31, 10)
+    assert (again.id, again.attempts) == (held.id, 1)

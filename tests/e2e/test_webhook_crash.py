@@ -27,7 +27,8 @@ ROWS = [chat_line(f"hook-{i}") for i in range(5)]
 
 
 def server_with_webhooks(tmp_path: Path, sim: SimulatorProcess, interval_s: float) -> ServerProcess:
-    # Short timeouts keep an interrupted attempt's lease (2 x the longest timeout + 5 s) short.
+    # Short timeouts keep an interrupted attempt's lease (2 x (the longest timeout + 2 s) + 5 s)
+    # short.
     extra = f"""
 webhook_allow_http = true
 webhook_allow_private = true

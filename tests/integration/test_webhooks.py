@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from backfill.adapters.engines.simulator import Simulator
+from backfill.container import build
+from backfill.domain.notifications import DeliveryState
 from tests.receivers import Answer, webhook_receiver
 from tests.support import InProcess, chat_line, in_process_backfill, jsonl
 
@@ -303,3 +305,28 @@ async def test_other_orgs_see_no_deliveries(tmp_path: Path, sim: Sim) -> None:
             )
             assert response.status_code == 404
             assert response.json()["error"]["param"] == "batch_id"
+
+
+async def test_a_stopping_worker_gives_its_attempt_back_uncounted(tmp_path: Path, sim: Sim) -> None:
+    # The receiver holds the first attempt past the stop's grace: the worker stops, and the
+    # attempt it had under way is handed back as not made.
+    with webhook_receiver([Answer(200, delay_s=8)]) as receiver:
+        async with backfill_with(tmp_path, sim) as bf:
+            batch = await run_with_webhook(bf, receiver.url)
+            await receiver.wait_for_async(1)
+            settings = bf.settings
+            org_id = (await bf.backfill.services.tenants.org("default")).id
+        again = build(settings, engines=[])
+        await again.start()
+        try:
+            for _ in range(200):
+                [delivery] = await again.services.notifications.deliveries(org_id, batch["id"])
+                if delivery.state == DeliveryState.DELIVERED:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await again.stop()
+    assert delivery.state == DeliveryState.DELIVERED
+    assert delivery.attempts == 1
+    first, second = receiver.received
+    assert first.webhook_id == second.webhook_id == delivery.id

@@ -154,6 +154,10 @@ def _upload(client: Client, file: Path, data: bytes | None) -> str:
     return str(created["id"])
 
 
+def _lengths(out: Path, errors: Path) -> dict[str, int]:
+    return {"out_bytes": out.stat().st_size, "errors_bytes": errors.stat().st_size}
+
+
 def _poll(client: Client, batch_id: str, follower: ResultFollower | None = None) -> dict[str, Any]:
     """Follow the batch to its end; with ``follower``, write its rows as they are stored.
     ``follower.complete`` says afterwards whether the rows came that way."""
@@ -279,6 +283,8 @@ def run(
     if not follower.complete:
         _download(client, batch["output_file_id"], out)
         _download(client, batch["error_file_id"], errors)
+        # The files are whole now: a rerun must not cut them back to lengths saved before.
+        keep({"complete": True, "out": str(out), "errors": str(errors)} | _lengths(out, errors))
     retry = file.with_name(file.name + ".retry.jsonl")
     ok, remaining = _reconcile(file, out, retry)
     table = Table(title=Text(f"Batch {batch['id']}: {batch['status']}"))

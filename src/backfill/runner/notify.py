@@ -39,15 +39,25 @@ from backfill.ports import (
 log = logging.getLogger("backfill.notify")
 
 
+# How long a stopping worker lets the attempts under way finish before it gives them back.
+STOP_GRACE_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class NotifyConfig:
     webhooks: RetrySchedule
     emails: RetrySchedule
-    # Longer than any one attempt may take, so a live sender's lease never runs out under it.
-    lease_s: float
+    # The longest one attempt may take, all of it (secrets, connection, every SMTP command):
+    # it is cut off then. The lease is twice that and more, so it never runs out under a live
+    # attempt and nobody sends the same attempt twice.
+    attempt_timeout_s: float
     interval_s: float
     max_in_flight: int = 32
     public_url: str | None = None
+
+    @property
+    def lease_s(self) -> float:
+        return 2 * self.attempt_timeout_s + 5
 
 
 class Notifier:
@@ -68,8 +78,8 @@ class Notifier:
         self._clock = clock
         self._config = config
         self._metrics = metrics
-        self._token = ids.lease_token()
-        self._sending: set[asyncio.Task[None]] = set()
+        # The attempts under way and the lease token each was claimed with.
+        self._sending: dict[asyncio.Task[None], tuple[Notification, str]] = {}
 
     @property
     def interval_s(self) -> float:
@@ -81,46 +91,78 @@ class Notifier:
         if room <= 0:
             return
         now = self._clock.now()
+        # A token per claim: the fence of each attempt is its own lease, not this sender's.
+        token = ids.lease_token()
         for message in await self._store.claim_notifications(
-            now, self._token, now + self._config.lease_s, room
+            now, token, now + self._config.lease_s, room
         ):
-            task = asyncio.create_task(self._attempt(message), name=f"notify {message.id}")
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            task = asyncio.create_task(self._guarded(message, token), name=f"notify {message.id}")
+            self._sending[task] = (message, token)
+            task.add_done_callback(lambda done: self._sending.pop(done, None))
 
     async def stop(self) -> None:
-        """Cancel the attempts under way: their leases run out and they are sent again."""
-        for task in list(self._sending):
-            task.cancel()
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        """Let the attempts under way finish for a moment; give back those that do not, as
+        not made, so a restart sends them at once without spending an attempt."""
+        if self._sending:
+            _, late = await asyncio.wait(list(self._sending), timeout=STOP_GRACE_S)
+            cut = [self._sending[task] for task in late if task in self._sending]
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            now = self._clock.now()
+            for message, token in cut:
+                try:
+                    await self._store.give_back(message.id, token, now)
+                except Exception:
+                    log.warning(
+                        "could not give back notification %s; it is retried when its lease ends",
+                        message.id,
+                    )
         await self._webhooks.close()
 
     def _schedule(self, message: Notification) -> RetrySchedule:
         return self._config.emails if message.channel == Channel.EMAIL else self._config.webhooks
 
-    async def _attempt(self, message: Notification) -> None:
+    async def _guarded(self, message: Notification, token: str) -> None:
+        try:
+            await self._attempt(message, token)
+        except Exception:
+            # The database failed while the attempt was recorded: its lease runs out and the
+            # message is tried again.
+            log.exception(
+                "recording notification %s of batch %s failed", message.id, message.batch_id
+            )
+
+    async def _attempt(self, message: Notification, token: str) -> None:
         schedule = self._schedule(message)
         if message.attempts > schedule.attempts:
             # The last attempt was cut short (its sender died): that was the last one.
-            await self._finish(message, schedule, None, "the last attempt was interrupted")
+            await self._finish(message, token, schedule, None, "the last attempt was interrupted")
             return
+        limit = self._config.attempt_timeout_s
         try:
-            if message.channel == Channel.EMAIL:
-                await self._email(message)
-                status: int | None = None
-            else:
-                status = await self._post(message)
+            async with asyncio.timeout(limit):
+                if message.channel == Channel.EMAIL:
+                    await self._email(message)
+                    status: int | None = None
+                else:
+                    status = await self._post(message)
+        except TimeoutError:
+            await self._finish(message, token, schedule, None, f"no answer within {limit:g} s")
+            return
         except DeliveryFailed as exc:
-            await self._finish(message, schedule, exc.status_code, exc.reason)
+            await self._finish(message, token, schedule, exc.status_code, exc.reason)
             return
         except Exception as exc:
             log.exception("notification %s of batch %s failed", message.id, message.batch_id)
-            await self._finish(message, schedule, None, f"internal error ({type(exc).__name__})")
+            await self._finish(
+                message, token, schedule, None, f"internal error ({type(exc).__name__})"
+            )
             return
         if status is not None and not 200 <= status < 300:
-            await self._finish(message, schedule, status, f"the receiver answered {status}")
+            await self._finish(message, token, schedule, status, f"the receiver answered {status}")
             return
-        await self._finish(message, schedule, status, None)
+        await self._finish(message, token, schedule, status, None)
 
     async def _post(self, message: Notification) -> int:
         body = orjson.dumps(message.payload)
@@ -156,6 +198,7 @@ class Notifier:
     async def _finish(
         self,
         message: Notification,
+        token: str,
         schedule: RetrySchedule,
         status: int | None,
         error: str | None,
@@ -182,5 +225,5 @@ class Notifier:
                 error,
                 "will retry" if next_at is not None else "given up",
             )
-        if not await self._store.finish_attempt(message.id, self._token, attempt):
+        if not await self._store.finish_attempt(message.id, token, attempt):
             log.warning("the lease of notification %s ran out before its attempt ended", message.id)

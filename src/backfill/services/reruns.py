@@ -152,7 +152,9 @@ class RerunService:
             code="rerun_input_unavailable",
         )
         errors = await self._files.find(original.org_id, original.error_file_id)
-        if errors is None:
+        # Absent is normal (a batch that ended before reruns existed, or whose input could not
+        # be read then): asked first, so it is not reported as damaged storage.
+        if errors is None or not await self._files.blobs.exists(rerun_key(errors.id)):
             raise gone
         upload = await self._files.begin_upload(original.org_id)
         try:

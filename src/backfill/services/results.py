@@ -22,7 +22,8 @@ MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 1_000
 # A page ends after the row that takes it past this many bytes (or at ``limit`` rows).
 _PAGE_BYTES = 8 * 1024 * 1024
-_CHUNK = 500
+# Stored payloads held at once while a page is built (each up to a whole answer).
+_CHUNK = 100
 
 
 class ResultReadStore(BatchStore, FileStore, ResultPages, Protocol):
@@ -102,6 +103,9 @@ class ResultService:
             if size >= _PAGE_BYTES or len(got) > want:
                 continue
             if not position.numbered:
+                # A batch deleted while this page was read lost rows under it: not complete.
+                if await self._store.get_batch(org_id, batch.id) is None:
+                    raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
                 complete = True
                 break
             if not over:
@@ -112,18 +116,20 @@ class ResultService:
         return ResultsPage(rows, position.encode(), complete, batch.status)
 
     async def _refuse_removed(self, batch: BatchRecord) -> None:
-        """410 once the batch's stored results were removed with its output file."""
-        if batch.output_file_id is None:
-            return  # failed before it ran: nothing was ever stored, nothing to remove
-        output = await self._store.get_file(batch.org_id, batch.output_file_id)
-        # Past its expiry it reads as removed before the janitor sweeps it, as downloads do.
-        if output is None or await self._files.removed(output):
-            raise _removed(batch)
+        """410 once the batch's stored results were removed with one of its result files
+        (removing either purges them); a batch that failed before it ran has none."""
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id is None:
+                continue
+            record = await self._store.get_file(batch.org_id, file_id)
+            # Past its expiry it reads as removed before the janitor sweeps it, as downloads do.
+            if record is None or await self._files.removed(record):
+                raise _removed(batch, file_id)
 
     def _render(self, batch: BatchRecord, result: StoredResult) -> bytes:
         if result.payload is None and result.error_code is None:
-            # Purged between the status read and the row read: the output file is going.
-            raise _removed(batch)
+            # Purged between the status read and the row read: a result file is going.
+            raise _removed(batch, batch.output_file_id)
         try:
             return render(self._sealer, batch.id, result)
         except Exception as exc:
@@ -133,10 +139,10 @@ class ResultService:
             ) from exc
 
 
-def _removed(batch: BatchRecord) -> Gone:
+def _removed(batch: BatchRecord, file_id: str | None) -> Gone:
     return Gone(
-        f"Batch {batch.id} ended and its stored results were removed together with its output "
-        f"file {batch.output_file_id} (it expired or was deleted); its rows can no longer be "
-        "read.",
+        f"Batch {batch.id} ended and its stored results were removed together with its result "
+        f"file {file_id} (it expired or was deleted); its rows can no longer be read here. "
+        "Download its output and error files while they are kept.",
         code="results_removed",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from backfill.domain import ids
-from backfill.ports import Clock, OperationsStore
+from backfill.ports import Clock, NotificationStore, OperationsStore
 from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.retention")
@@ -16,12 +16,22 @@ JANITOR = "janitor"
 
 class Janitor:
     def __init__(
-        self, store: OperationsStore, files: FileService, clock: Clock, lease_s: float = 120.0
+        self,
+        store: OperationsStore,
+        files: FileService,
+        clock: Clock,
+        lease_s: float = 120.0,
+        *,
+        notifications: NotificationStore | None = None,
+        keep_notifications_s: int = 7 * 24 * 3600,
     ) -> None:
         self._store = store
         self._files = files
         self._clock = clock
         self._lease_s = lease_s
+        # Settled notifications are kept this long (as long as results), then pruned.
+        self._notifications = notifications
+        self._keep_notifications_s = keep_notifications_s
         self.holder = ids.lease_token()
 
     async def sweep(self, batch_size: int = 200) -> int:
@@ -42,4 +52,9 @@ class Janitor:
                 break
         if removed:
             log.info("janitor removed %d expired files", removed)
+        if self._notifications is not None and await self._store.take_singleton(
+            JANITOR, self.holder, self._clock.now() + self._lease_s, self._clock.now()
+        ):
+            cut = int(self._clock.now()) - self._keep_notifications_s
+            await self._notifications.prune_notifications(cut)
         return removed

@@ -184,6 +184,13 @@ class EncryptedBlobStore:
     async def size(self, key: str) -> int:
         return (await self._open(key))[1]
 
+    async def exists(self, key: str) -> bool:
+        try:
+            await self._raw.size(key)
+        except NotFound:
+            return False
+        return True
+
     async def read(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return b"".join([part async for part in self.stream(key, start, end)])
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import ColumnElement, func, insert, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -123,11 +123,6 @@ class FileQueries(SqlBase):
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(t.items).where(t.items.c.batch_id == batch_id).values(result=None)
-            )
-            # The delivery log goes with the results: it names the batch's webhook URL and
-            # the org's endpoints and address, and nothing is left to notify about.
-            await conn.execute(
-                delete(t.notifications).where(t.notifications.c.batch_id == batch_id)
             )
 
     async def unfinished_batch_for_file(self, file_id: str) -> str | None:

@@ -41,6 +41,17 @@ def _notification(row: Any) -> Notification:
     )
 
 
+async def endpoints_of(conn: AsyncConnection, org_id: str) -> list[Endpoint]:
+    """The org's registered webhook endpoints, oldest first."""
+    e = t.webhook_endpoints
+    rows = await conn.execute(
+        select(e.c.id, e.c.url, e.c.events)
+        .where(e.c.org_id == org_id)
+        .order_by(e.c.created_at, e.c.id)
+    )
+    return [Endpoint(r.id, r.url, frozenset(r.events.split(","))) for r in rows]
+
+
 async def _secrets_of(conn: AsyncConnection, org_id: str) -> SealedSecrets:
     o = t.orgs
     row = (
@@ -118,6 +129,28 @@ class NotificationQueries(SqlBase):
             )
         return bool(res.rowcount)
 
+    async def give_back(self, message_id: str, token: str, now: float) -> bool:
+        n = t.notifications
+        async with self.writing("handing back a notification") as conn:
+            res = await conn.execute(
+                update(n)
+                .where(
+                    n.c.id == message_id,
+                    n.c.lease_token == token,
+                    n.c.state == DeliveryState.PENDING,
+                )
+                .values(lease_token=None, lease_until=None, next_at=now, attempts=n.c.attempts - 1)
+            )
+        return bool(res.rowcount)
+
+    async def prune_notifications(self, settled_before: int) -> int:
+        n = t.notifications
+        async with self.writing("pruning notifications") as conn:
+            res = await conn.execute(
+                delete(n).where(n.c.state != DeliveryState.PENDING, n.c.created_at < settled_before)
+            )
+        return int(res.rowcount)
+
     async def batch_notifications(self, org_id: str, batch_id: str) -> list[Notification]:
         n = t.notifications
         async with self.engine.connect() as conn:
@@ -178,14 +211,8 @@ class NotificationQueries(SqlBase):
         return bool(res.rowcount)
 
     async def webhook_endpoints(self, org_id: str) -> list[Endpoint]:
-        e = t.webhook_endpoints
         async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(e.c.id, e.c.url, e.c.events)
-                .where(e.c.org_id == org_id)
-                .order_by(e.c.created_at, e.c.id)
-            )
-            return [Endpoint(r.id, r.url, frozenset(r.events.split(","))) for r in rows]
+            return await endpoints_of(conn, org_id)
 
     async def remove_webhook_endpoint(self, org_id: str, endpoint_id: str) -> bool:
         e = t.webhook_endpoints

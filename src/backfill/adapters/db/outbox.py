@@ -7,11 +7,11 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.notifications import endpoints_of
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import (
     DeliveryState,
     EndedBatch,
-    Endpoint,
     messages_for,
 )
 
@@ -44,13 +44,7 @@ async def enqueue_terminal(conn: AsyncConnection, batch_id: str, now: int) -> in
         completed=row.completed,
         failed=row.failed,
     )
-    e = t.webhook_endpoints
-    endpoints = [
-        Endpoint(r.id, r.url, frozenset(r.events.split(",")))
-        for r in await conn.execute(
-            select(e.c.id, e.c.url, e.c.events).where(e.c.org_id == row.org_id).order_by(e.c.id)
-        )
-    ]
+    endpoints = await endpoints_of(conn, row.org_id)
     email = (
         await conn.execute(select(t.orgs.c.notify_email).where(t.orgs.c.id == row.org_id))
     ).scalar_one_or_none()

@@ -8,6 +8,7 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import TERMINAL
 from backfill.domain.files import FileStatus
+from backfill.domain.notifications import DeliveryState
 
 
 class EndedBatchQueries(SqlBase):
@@ -26,8 +27,14 @@ class EndedBatchQueries(SqlBase):
             if row is None:
                 return None
             # Receipts stay: they are the ledger, and hold no content.
-            for table in (t.items, t.chunks, t.notifications):
+            for table in (t.items, t.chunks):
                 await conn.execute(delete(table).where(table.c.batch_id == batch_id))
+            # Its delivery log goes too, but a notification still being delivered is sent
+            # to its end (it holds ids and counts, no content); the janitor prunes it then.
+            n = t.notifications
+            await conn.execute(
+                delete(n).where(n.c.batch_id == batch_id, n.c.state != DeliveryState.PENDING)
+            )
             file_ids = [i for i in (row.output_file_id, row.error_file_id) if i is not None]
             if file_ids:
                 # Due now: a caller that dies before removing the blobs leaves them to the

@@ -55,7 +55,9 @@ class PublicOnlyResolver(AbstractResolver):
                 ) from None
             kind = self._rule.refusal(address)
             if kind is not None:
-                raise Refused(f"the host resolves to {kind} ({address}); {ONLY_PUBLIC}")
+                # The address stays out: the message reaches the user, who must not learn what
+                # names resolve to inside the operator's network.
+                raise Refused(f"the host resolves to {kind}; {ONLY_PUBLIC}")
             address_family = socket.AF_INET if address.version == 4 else socket.AF_INET6
             if family not in (socket.AF_UNSPEC, address_family):
                 continue
