@@ -266,7 +266,12 @@ def _webhooks(settings: Settings) -> SignedWebhooks:
 
 
 def _notifier(
-    settings: Settings, store: SqlStore, sealer: Sealer, clock: Clock, metrics: Metrics
+    settings: Settings,
+    store: SqlStore,
+    webhooks: SignedWebhooks,
+    sealer: Sealer,
+    clock: Clock,
+    metrics: Metrics,
 ) -> Notifier:
     mailer = None
     if settings.smtp_host:
@@ -289,7 +294,7 @@ def _notifier(
         interval_s=settings.notify_interval_s,
         public_url=settings.public_url,
     )
-    return Notifier(store, _webhooks(settings), mailer, sealer, clock, config, metrics)
+    return Notifier(store, webhooks, mailer, sealer, clock, config, metrics)
 
 
 def _limit(spec: EngineSettings) -> ConcurrencyLimit:
@@ -349,8 +354,9 @@ def build(
         max_retained_input_bytes=settings.max_retained_input_bytes,
         on_damage=metrics.count_stored_file_damaged,
     )
-    # Judges webhook URLs where they are given (batch creation, org endpoints); never sends.
-    webhook_rules = _webhooks(settings)
+    # Judges webhook URLs where they are given (batch creation, org endpoints) and, in a
+    # worker, sends them.
+    webhooks = _webhooks(settings)
     worker: Worker | None = None
     built = _Engines()
     if role in ("all", "worker"):
@@ -383,7 +389,7 @@ def build(
             sharing,
             built.on_demand,
             _media_fetcher(settings),
-            _notifier(settings, store, keyring, clock, metrics),
+            _notifier(settings, store, webhooks, keyring, clock, metrics),
         )
     batches = BatchService(
         store,
@@ -396,7 +402,7 @@ def build(
         limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
         events=worker,
         deadline_admission=settings.deadline_admission,
-        webhook_refusal=webhook_rules.refusal,
+        webhook_refusal=webhooks.refusal,
     )
     operations = Operations(store, metrics, worker.observe if worker is not None else None)
     services = Services(
@@ -406,7 +412,7 @@ def build(
         catalog,
         BillingService(store, store, clock),
         operations,
-        NotificationService(store, store, store, keyring, clock, webhook_rules.refusal),
+        NotificationService(store, store, store, keyring, clock, webhooks.refusal),
         ResultService(store, keyring, files),
         reruns=RerunService(store, batches, files, clock),
     )

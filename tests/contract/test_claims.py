@@ -14,9 +14,7 @@ from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES, INPUT_SEGMENT_BYTES, Chunker
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.lines import LineRef
-from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, store, take
-
-__all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests
+from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, take
 
 
 async def plan_of(store: SqlStore, statement: Select[Any]) -> str:

@@ -15,16 +15,7 @@ from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord, Org
 from tests.contract.test_group_commit import CREDIT, lease, priced_batch, result
-from tests.contract.test_store import (
-    NOW,
-    all_results,
-    file_record,
-    make_batch,
-    make_org,
-    store,
-)
-
-__all__ = ["store"]  # the parametrized SQLite/PostgreSQL fixture, used by every test here
+from tests.contract.test_store import NOW, all_results, file_record, make_batch, make_org
 
 TOKEN = "tok-w"
 

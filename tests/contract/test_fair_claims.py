@@ -28,12 +28,9 @@ from tests.contract.test_store import (
     make_batch,
     make_org,
     ok,
-    store,
     take,
 )
 from tests.support import create_pg_database, drop_pg_database
-
-__all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests
 
 
 async def weighted_org(store: SqlStore, weight: int) -> Org:

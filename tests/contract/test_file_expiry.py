@@ -4,33 +4,15 @@ same rule as ``expired_files``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 from sqlalchemy import update
 
 from backfill.adapters.db import tables
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.files import FilePurpose
 from backfill.domain.records import BatchRecord, Org
-from tests.contract.test_store import NOW, STORE_URLS, file_record, make_batch, make_org
-from tests.support import create_pg_database, drop_pg_database
+from tests.contract.test_store import NOW, file_record, make_batch, make_org
 
 T = int(NOW)
-
-
-@pytest.fixture(params=sorted(STORE_URLS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
-    url = STORE_URLS[request.param](tmp_path) or await create_pg_database()
-    made = SqlStore(url)
-    await made.init()
-    try:
-        yield made
-    finally:
-        await made.close()
-        if request.param == "postgresql":
-            await drop_pg_database(url)
 
 
 async def make_busy_input(store: SqlStore, org: Org) -> BatchRecord:

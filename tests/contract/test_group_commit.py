@@ -23,10 +23,8 @@ from backfill.adapters.db.store import SqlStore
 from backfill.domain.lifecycle import BatchStatus, ItemState
 from backfill.domain.records import Admission, BatchRecord, ItemResult, Org
 from backfill.errors import StorageError
-from tests.contract.test_store import NOW, make_batch, make_org, store
+from tests.contract.test_store import NOW, make_batch, make_org
 from tests.support import create_pg_database, drop_pg_database
-
-__all__ = ["store"]  # the fixture, over both backends
 
 FAR = NOW + 10**9
 RESERVE = 10**12

@@ -17,10 +17,8 @@ from backfill.adapters.db.store import SqlStore
 from backfill.domain.records import ItemResult
 from backfill.domain.result_cursor import START, UNNUMBERED, PagedResult, ResultCursor
 from tests.contract.test_group_commit import lease, result
-from tests.contract.test_store import make_batch, make_org, store
+from tests.contract.test_store import make_batch, make_org
 from tests.support import create_pg_database, drop_pg_database
-
-__all__ = ["store"]  # the fixture, over both backends
 
 
 async def _results_seq(store: SqlStore, batch_id: str) -> int:

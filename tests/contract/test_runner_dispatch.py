@@ -11,9 +11,9 @@ from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from tests.contract.test_runner_request import Kit, ScriptedEngine, kit
-from tests.contract.test_store import NOW, make_org, store
+from tests.contract.test_store import NOW, make_org
 
-__all__ = ["kit", "store"]  # fixtures
+__all__ = ["kit"]  # a fixture
 
 
 class Started:

@@ -18,9 +18,9 @@ from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
 from backfill.services.files import FileService
 from tests.contract.test_runner_request import Kit, NoDeployments, ScriptedEngine, kit, settle
-from tests.contract.test_store import make_org, store
+from tests.contract.test_store import make_org
 
-__all__ = ["kit", "store"]  # fixtures
+__all__ = ["kit"]  # a fixture
 
 
 @dataclass

@@ -37,9 +37,7 @@ from backfill.runner.leases import Leases
 from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
 from backfill.services.result_rows import result_context
-from tests.contract.test_store import LEASE, NOW, all_results, make_batch, make_org, store, take
-
-__all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests
+from tests.contract.test_store import LEASE, NOW, all_results, make_batch, make_org, take
 
 MAX_ATTEMPTS = 3
 

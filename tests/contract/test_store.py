@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from backfill.domain.records import (
 )
 from backfill.errors import Conflict
 from backfill.services.tenants import hash_secret
-from tests.support import create_pg_database, drop_pg_database
 
 STORE_URLS: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp: f"sqlite+aiosqlite:///{tmp / 'store.db'}",
@@ -39,19 +38,6 @@ STORE_URLS: dict[str, Callable[[Path], str]] = {
 
 NOW = 1_000_000.0
 LEASE = 30.0
-
-
-@pytest.fixture(params=sorted(STORE_URLS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
-    url = STORE_URLS[request.param](tmp_path) or await create_pg_database()
-    made = SqlStore(url)
-    await made.init()
-    try:
-        yield made
-    finally:
-        await made.close()
-        if request.param == "postgresql":
-            await drop_pg_database(url)
 
 
 def _id(prefix: str) -> str:

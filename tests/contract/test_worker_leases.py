@@ -4,9 +4,7 @@ PostgreSQL: a release can carry a backoff, and the heartbeat renews only what it
 from __future__ import annotations
 
 from backfill.adapters.db.store import SqlStore
-from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, store, take
-
-__all__ = ["store"]  # the parametrized fixture, shared with the store's contract tests
+from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, take
 
 
 async def test_heartbeat_renews_only_the_leases_it_names(store: SqlStore) -> None:
