@@ -1,6 +1,18 @@
-"""The error hierarchy services raise; only the HTTP adapter turns these into envelopes."""
+"""The error hierarchy services raise; only the HTTP adapter turns these into envelopes.
+
+Each error says whether a client should retry it by itself (``retryable``, sent as
+``x-should-retry``) and, when known, after how long (``retry_after_s``, sent as
+``Retry-After``). The table of decisions is in docs/api.md, "When to retry".
+"""
 
 from __future__ import annotations
+
+# The longest wait after which a refusal still tells clients to retry by themselves. The
+# openai SDKs obey ``x-should-retry`` first and retry twice by default, sleeping whatever
+# Retry-After says (the Node SDK without a bound, the Python SDK up to two minutes): a longer
+# wait would hold a default call for minutes, so past this the refusal fails fast and its
+# Retry-After is only an estimate for callers who schedule their own retry.
+AUTO_RETRY_MAX_S = 10
 
 
 class BackfillError(Exception):
@@ -10,6 +22,7 @@ class BackfillError(Exception):
     code = "server_error"
     type = "server_error"
     retryable = True
+    retry_after_s: int | None = None
 
     def __init__(
         self,
@@ -83,6 +96,8 @@ class StorageError(BackfillError):
     code = "storage_unavailable"
     type = "server_error"
     retryable = True
+    # A passing fault (a lost connection, a busy database) is usually over within a second.
+    retry_after_s: int | None = 1
 
 
 class ContentUnreadable(StorageError):
@@ -92,6 +107,7 @@ class ContentUnreadable(StorageError):
     status = 500
     code = "content_unreadable"
     retryable = False
+    retry_after_s = None
 
 
 class PaymentRequired(BackfillError):
@@ -102,7 +118,9 @@ class PaymentRequired(BackfillError):
 
 
 class RateLimited(BackfillError):
-    """Admission refused; ``retry_after_s`` is set when waiting can help."""
+    """Admission refused. ``retry_after_s``: an honest estimate of when waiting helps, or None
+    when none can be given (what frees room may take hours: a batch ending, a deletion). Only
+    a wait of at most ``AUTO_RETRY_MAX_S`` is left to clients' automatic retries."""
 
     status = 429
     code = "rate_limit_exceeded"
@@ -112,7 +130,7 @@ class RateLimited(BackfillError):
     def __init__(self, message: str, *, code: str, retry_after_s: int | None = None) -> None:
         super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
-        self.retryable = retry_after_s is not None
+        self.retryable = retry_after_s is not None and retry_after_s <= AUTO_RETRY_MAX_S
 
 
 def retained_input_limit(retained: int, adding: int, limit: int) -> RateLimited:

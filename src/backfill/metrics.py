@@ -52,6 +52,19 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.engine_healthy = Gauge(
+            "backfill_engine_healthy",
+            "1 while some live worker's health check of the engine passes, 0 while every "
+            "worker finds it down (engines stopped until work waits for them are left out).",
+            ["engine"],
+            registry=r,
+        )
+        self.batches_waiting_on_engine = Gauge(
+            "backfill_batches_waiting_on_engine",
+            "Running batches with lines not done whose model no healthy engine serves now.",
+            ["model"],
+            registry=r,
+        )
         self.stored_file_damaged = Counter(
             "backfill_stored_file_damaged",
             "Reads that found a stored file missing or damaged, by kind (missing, truncated, "

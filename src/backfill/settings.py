@@ -261,6 +261,9 @@ class Settings(BaseSettings):
     prefix_locality: bool = True
     # How often a shared engine's metrics are read while they can be.
     pressure_interval_s: float = Field(0.1, gt=0)
+    # An engine that does not pass its health check is logged (a warning naming it, its URL and
+    # the reason) within seconds of the worker's start, and again this often while it stays down.
+    engine_down_log_interval_s: float = Field(300.0, gt=0)
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     max_unfinished_batches: int = 4

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import os
+import ssl
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,8 +21,9 @@ from aiohttp import web
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine, parse_retry_after
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
-from backfill.ports import Engine, EngineTimeout, EngineUnreachable
+from backfill.ports import Engine, EngineDiagnostics, EngineTimeout, EngineUnreachable
 from tests.support import free_port, running_simulator
+from tests.tls_support import make_pki
 
 CATALOG_NAME = "catalog-model"
 SERVED_NAME = "served-model"
@@ -264,6 +270,138 @@ async def test_http_closed_port_is_unhealthy_and_unreachable() -> None:
             await engine.send(CHAT, CATALOG_NAME, chat_body())
     finally:
         await engine.close()
+
+
+async def test_http_health_error_says_why_in_words_for_an_operator(
+    http_engine: OpenAIHttpEngine,
+) -> None:
+    assert await http_engine.healthy()
+    assert http_engine.health_error is None
+    closed = free_port()
+    dead = OpenAIHttpEngine("dead", f"http://127.0.0.1:{closed}/v1", {CATALOG_NAME: SERVED_NAME})
+    try:
+        assert await dead.healthy() is False
+        assert dead.health_error == f"cannot connect to 127.0.0.1:{closed} (connection refused)"
+    finally:
+        await dead.close()
+
+
+async def test_http_health_error_names_the_status_of_a_server_without_v1_models() -> None:
+    async def nothing_here(_: web.Request) -> web.Response:
+        return web.Response(status=404, text="not found")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", nothing_here)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    engine = OpenAIHttpEngine("web", f"http://127.0.0.1:{port}", {CATALOG_NAME: SERVED_NAME})
+    try:
+        assert await engine.healthy() is False
+        assert engine.health_error == (
+            "GET /v1/models answered HTTP 404 (is base_url the root of an OpenAI-compatible "
+            "server?)"
+        )
+    finally:
+        await engine.close()
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def https_server(context: ssl.SSLContext | None) -> AsyncIterator[int]:
+    """A server answering ``GET /v1/models`` over TLS with the test CA's certificate for
+    127.0.0.1 (plain HTTP when ``context`` is None); yields its port."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def test_http_health_error_names_a_certificate_the_engine_does_not_trust() -> None:
+    """A certificate from a CA the system does not trust fails the TLS handshake; the reason
+    says so in OpenSSL's words, not as an OS error (its errno is OpenSSL's code)."""
+    async with https_server(make_pki().server_context()) as port:
+        engine = OpenAIHttpEngine("tls", f"https://127.0.0.1:{port}/v1", {CATALOG_NAME: "m"})
+        try:
+            assert await engine.healthy() is False
+            reason = engine.health_error
+        finally:
+            await engine.close()
+    assert reason == (
+        f"TLS handshake with 127.0.0.1:{port} failed: certificate verify failed (unable to get "
+        "local issuer certificate)"
+    )
+
+
+async def test_http_health_error_names_a_port_that_does_not_speak_tls() -> None:
+    """``https://`` to a plain HTTP port: OpenSSL's words, without its codes."""
+    async with https_server(None) as port:
+        engine = OpenAIHttpEngine("tls", f"https://127.0.0.1:{port}/v1", {CATALOG_NAME: "m"})
+        try:
+            assert await engine.healthy() is False
+            reason = engine.health_error
+        finally:
+            await engine.close()
+    assert reason is not None
+    assert reason.startswith(f"TLS handshake with 127.0.0.1:{port} failed: "), reason
+    assert "[SSL" not in reason, reason
+    assert "_ssl.c" not in reason, reason
+    assert "not permitted" not in reason, reason
+
+
+_HEALTH_CHECK = """
+import asyncio, sys
+from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+
+async def main() -> None:
+    engine = OpenAIHttpEngine("tls", sys.argv[1], {"m": "m"})
+    healthy = await engine.healthy()
+    await engine.close()
+    print(healthy, engine.health_error)
+
+asyncio.run(main())
+"""
+
+
+async def test_http_engine_behind_tls_is_healthy_once_its_ca_is_trusted(tmp_path: Path) -> None:
+    """The fix for an untrusted certificate (docs/deployment.md): trust the engine's CA the
+    system's way, with SSL_CERT_FILE in the worker's environment (read as the process starts,
+    hence a process of its own)."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(make_pki().ca_pem)
+    async with https_server(make_pki().server_context()) as port:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _HEALTH_CHECK,
+            f"https://127.0.0.1:{port}/v1",
+            env={**os.environ, "SSL_CERT_FILE": str(ca)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, out.decode()
+    assert out.decode().split() == ["True", "None"]
+
+
+def test_http_url_shows_no_credentials() -> None:
+    engine = OpenAIHttpEngine(
+        "e", "https://user:secret@gpu.example:8443/v1?token=abc#x", {CATALOG_NAME: SERVED_NAME}
+    )
+    assert engine.url == "https://gpu.example:8443/v1"
+    assert isinstance(engine, EngineDiagnostics)
+    assert not isinstance(FakeEngine(), EngineDiagnostics)
 
 
 async def test_http_close_is_idempotent(http_engine: OpenAIHttpEngine) -> None:

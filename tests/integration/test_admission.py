@@ -115,7 +115,9 @@ async def test_fifth_unfinished_batch_is_refused_until_one_finishes(tmp_path: Pa
         refused = await create(bf, file["id"])
         assert refused.status_code == 429, refused.text
         assert error_of(refused)["code"] == "too_many_unfinished_batches"
-        assert retry_after(refused) > 0
+        # Room comes back when a batch ends, maybe hours later: no wait for SDKs to sleep.
+        assert refused.headers["x-should-retry"] == "false"
+        assert "retry-after" not in refused.headers
         assert sorted(await listed_ids(bf)) == sorted(created)
 
         cancelled = await bf.client.post(f"/v1/batches/{created[0]}/cancel", json={})

@@ -126,17 +126,18 @@ def test_one_below_the_unfinished_limit_is_accepted() -> None:
     check(snapshot(unfinished=4), batch(), admission(max_unfinished=5))
 
 
-def test_the_unfinished_limit_refuses_with_a_retry_after_a_minute() -> None:
+def test_the_unfinished_limit_refuses_at_once_without_a_wait_it_cannot_know() -> None:
     with pytest.raises(RateLimited) as refused:
         check(snapshot(unfinished=5), batch(), admission(max_unfinished=5))
     assert refused.value.message == (
         "This organization already has 5 unfinished batches (the limit is 5); wait for one "
         "to finish or cancel one, then retry."
     )
+    # Room comes back when a batch ends, maybe hours later: clients are told at once.
     assert (refused.value.code, refused.value.retry_after_s, refused.value.retryable) == (
         "too_many_unfinished_batches",
-        60,
-        True,
+        None,
+        False,
     )
 
 
@@ -193,6 +194,8 @@ def test_one_token_over_capacity_asks_for_a_retry_in_a_whole_minute() -> None:
         "about 60s, use a longer window, or split the file."
     )
     assert (refused.value.code, refused.value.retry_after_s) == ("capacity_exceeded", 60)
+    # A wait of a minute or more is an estimate for the caller, not one for SDKs to sleep.
+    assert refused.value.retryable is False
 
 
 @pytest.mark.parametrize(

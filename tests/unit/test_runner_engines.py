@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from backfill.adapters.blobs.raw import MemoryRawStore
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.catalog import Billing
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure, SharedTargets
+from backfill.domain.engine_health import START_GRACE_S, EngineState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
@@ -216,3 +218,117 @@ async def test_a_dedicated_slot_ignores_pressure_and_overload() -> None:
     slot.offer(work("batch_a", 6))
     assert slot.in_flight == 4
     assert slot.limit == 4
+
+
+class DiagnosedEngine(SwitchableEngine):
+    """An engine that says where it is and why its health check failed."""
+
+    url = "http://10.0.0.7:8000/v1"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "vllm-a"
+        self._models = ("m-1", "m-2")
+
+    @property
+    def health_error(self) -> str | None:
+        return None if self.up else "cannot connect to 10.0.0.7:8000 (connection refused)"
+
+
+async def test_an_engine_down_from_the_start_is_logged_with_name_url_and_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine, now = DiagnosedEngine(), [1000.0]
+    engine.up = False
+    recorder = Recorder()
+    changes: list[bool] = []
+    slot = EngineSlot(
+        engine,
+        recorder.start,
+        recorder.wake,
+        now=lambda: now[0],
+        remind_s=300.0,
+        changed=lambda: changes.append(True),
+    )
+    caplog.set_level(logging.INFO, logger="backfill.runner")
+    assert not await slot.check()
+    assert changes == [True], "the first check is stored at once"
+    assert caplog.records == [], "a starting engine gets a few seconds"
+    now[0] += START_GRACE_S
+    await slot.check()
+    [warning] = caplog.records
+    assert warning.levelno == logging.WARNING
+    assert warning.getMessage() == (
+        "engine vllm-a (http://10.0.0.7:8000/v1) is down: cannot connect to 10.0.0.7:8000 "
+        "(connection refused); requests for m-1, m-2 wait in the queue until it answers"
+    )
+    now[0] += 299
+    await slot.check()
+    assert len(caplog.records) == 1
+    now[0] += 1
+    await slot.check()
+    assert "is still down after 310 s" in caplog.records[-1].getMessage()
+    engine.up = True
+    now[0] += 5
+    assert await slot.check()
+    assert caplog.records[-1].levelno == logging.INFO
+    assert caplog.records[-1].getMessage() == (
+        "engine vllm-a (http://10.0.0.7:8000/v1) is up again after 315 s down"
+    )
+    assert changes == [True, True]
+    assert (slot.health.state, slot.health.reason) == (EngineState.UP, None)
+
+
+async def test_an_engine_without_diagnostics_is_reported_with_a_generic_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = SwitchableEngine()
+    engine.up = False
+    slot = EngineSlot(engine, Recorder().start, lambda: None, now=lambda: 0.0)
+    await slot.check()
+    assert slot.url is None
+    assert slot.health.reason == "its health check failed"
+
+
+async def test_the_pool_reports_a_round_of_checks_that_changed_something() -> None:
+    engines = [SwitchableEngine(), SwitchableEngine()]
+    engines[1].up = False
+    pool = EnginePool(engines, Recorder().start)
+    reported = asyncio.Event()
+    pool.on_health_change = reported.set
+    pool.start()
+    try:
+        await asyncio.wait_for(reported.wait(), 5)
+        assert [s.health.state for s in pool.slots] == [EngineState.UP, EngineState.DOWN]
+        reported.clear()
+        engines[1].up = True
+        pool.recheck()
+        await asyncio.wait_for(reported.wait(), 5)
+        assert all(s.healthy for s in pool.slots)
+    finally:
+        await pool.stop()
+
+
+async def test_a_flapping_engine_is_not_a_warning_at_every_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Up and down at every check for a reminder interval: one warning and one recovery line;
+    the next warning counts the outages that went unlogged."""
+    engine, now = DiagnosedEngine(), [1000.0]
+    slot = EngineSlot(engine, Recorder().start, lambda: None, now=lambda: now[0], remind_s=300.0)
+    caplog.set_level(logging.INFO, logger="backfill.runner")
+    for _ in range(602):
+        await slot.check()
+        engine.up = not engine.up
+        now[0] += 0.5
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == [
+        logging.INFO,  # up
+        logging.WARNING,  # down
+        logging.INFO,  # up again
+        logging.WARNING,  # down, 300 s after the first warning
+    ]
+    assert lines[-1][1].endswith(
+        "wait in the queue until it answers (it also went down and came back 299 times since "
+        "the previous warning)"
+    )

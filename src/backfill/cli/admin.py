@@ -1,11 +1,16 @@
 """``backfill admin``: organizations, API keys, credit, catalog models, private deployments and
-engines, straight against the database."""
+engines, straight against the database.
+
+Every read command takes ``--json`` and then prints the object the admin API answers for the
+same read (``GET /admin/v1/...``), so scripts see one shape wherever they read it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,14 +21,17 @@ from rich.text import Text
 from backfill.cli.common import (
     ConfigOpt,
     DataOpt,
+    JsonOpt,
     admin_settings,
     operator_errors,
     run_admin,
+    to_json,
     with_backfill,
 )
 from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
+from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.domain.money import pico_to_usd
 from backfill.domain.records import ApiKey, Org
@@ -82,14 +90,17 @@ def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
 
 
 def _org_json(org: Org) -> str:
-    return json.dumps(
-        {"id": org.id, "name": org.name, "created_at": org.created_at, "weight": org.weight}
-    )
+    from backfill.adapters.http.admin import org_object
+
+    return to_json(org_object(org))
 
 
 @org_app.command("show")
-def org_show(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
-    """Print an organization as JSON (its id and fair-share weight)."""
+def org_show(
+    name: str, config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
+) -> None:
+    """Print an organization as JSON (the admin API's object: its id and fair-share weight);
+    --json changes nothing here and is taken for scripts that pass it everywhere."""
 
     async def action(b: Backfill) -> str:
         return _org_json(await b.services.tenants.org(name))
@@ -119,12 +130,19 @@ def org_set(
 
 
 @org_app.command("ledger")
-def org_ledger(name: str, config: ConfigOpt = None, data: DataOpt = None) -> None:
-    """Print an organization's ledger as JSON (amounts in picodollars and USD)."""
+def org_ledger(
+    name: str, config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
+) -> None:
+    """Print an organization's ledger as JSON: amounts in picodollars, the receipt count and
+    the balance in USD (--json: the admin API's ledger object, amounts in USD)."""
 
     async def action(b: Backfill) -> str:
         org = await b.services.tenants.org(name)
         ledger = await b.services.billing.ledger(org.id)
+        if json_:
+            from backfill.adapters.http.admin import ledger_object
+
+            return to_json(ledger_object(name, ledger))
         return json.dumps(
             {
                 "org": name,
@@ -166,10 +184,18 @@ def _when(ts: int | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table whose cells fold onto more lines rather than being cut: ids print whole."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
 def _keys_table(org: str, keys: list[ApiKey]) -> Table:
-    table = Table(title=f"API keys of {org}")
-    for column in ("id", "name", "prefix", "scopes", "created", "last used", "revoked"):
-        table.add_column(column)
+    table = _table(
+        f"API keys of {org}", ("id", "name", "prefix", "scopes", "created", "last used", "revoked")
+    )
     for k in keys:
         # Names are printable by construction, but markup in them must print as typed.
         table.add_row(
@@ -189,6 +215,7 @@ def key_list(
     org: Annotated[str, typer.Option(help="Organization name.")],
     config: ConfigOpt = None,
     data: DataOpt = None,
+    json_: JsonOpt = False,
 ) -> None:
     """List an organization's API keys (never the secrets), revoked ones included."""
     keys: list[ApiKey] = []
@@ -200,6 +227,12 @@ def key_list(
     settings = admin_settings(config, data)
     with operator_errors():
         asyncio.run(with_backfill(settings, action))
+    if json_:
+        from backfill.adapters.http.admin import key_object
+        from backfill.adapters.http.presenters import list_object
+
+        typer.echo(to_json(list_object([key_object(k) for k in keys], False)))
+        return
     Console(width=200).print(_keys_table(org, keys))
 
 
@@ -251,11 +284,16 @@ def _model_line(m: CatalogModel) -> str:
 
 
 @model_app.command("list")
-def model_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
+def model_list(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False) -> None:
     """List catalog models and deployments."""
 
     async def action(b: Backfill) -> str:
-        return "\n".join(_model_line(m) for m in await b.services.catalog.all())
+        models = await b.services.catalog.all()
+        if json_:
+            from backfill.adapters.http.presenters import list_object, model_object
+
+            return to_json(list_object([model_object(m) for m in models], False))
+        return "\n".join(_model_line(m) for m in models)
 
     run_admin(admin_settings(config, data), action)
 
@@ -330,15 +368,59 @@ def deployment_set(
     run_admin(admin_settings(config, data), action)
 
 
-@engine_app.command("list")
-def engine_list(config: ConfigOpt = None, data: DataOpt = None) -> None:
-    """List the engines this configuration defines (health: GET /admin/v1/engines)."""
+_STATES = {EngineState.UP: "healthy", EngineState.DOWN: "DOWN", EngineState.STANDBY: "standby"}
+
+
+def _engines_table(reports: list[EngineReport]) -> Table:
+    table = _table(
+        "Engines, as each live worker sees them",
+        ("engine", "health", "since", "last error", "in flight", "limit", "worker", "url"),
+    )
+    for r in reports:
+        table.add_row(
+            r.engine,
+            _STATES[r.state],
+            _when(int(r.since)),
+            Text(r.last_error or "-"),
+            str(r.in_flight),
+            f"{r.concurrency_limit} of {r.max_concurrency}",
+            r.worker,
+            r.url or "-",
+        )
+    return table
+
+
+def _configured(config: Path | None, data: Path | None) -> str:
     settings = admin_settings(config, data)
-    lines = [
-        f"{e.name}  {e.base_url or 'managed: ' + ' '.join(e.command)}  models {', '.join(e.models)}"
-        f"  max_concurrency {e.max_concurrency}"
-        for e in settings.engines
-    ]
+    names = [f"{e.name} ({e.base_url or 'managed'})" for e in settings.engines]
     if settings.local_engine:
-        lines.insert(0, f"{LOCAL_ENGINE}  managed llama.cpp  models {LOCAL_MODEL}")
-    typer.echo("\n".join(lines) or "No engines configured.")
+        names.insert(0, f"{LOCAL_ENGINE} (managed llama.cpp serving {LOCAL_MODEL})")
+    return ", ".join(names) or "none"
+
+
+@engine_app.command("list")
+def engine_list(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False) -> None:
+    """Show each engine as the running workers see it: health, since when, the last error,
+    requests in flight and the limit (the same as GET /admin/v1/engines)."""
+    reports: list[EngineReport] = []
+
+    async def action(b: Backfill) -> str:
+        reports.extend(await b.services.operations.engines())
+        return ""
+
+    settings = admin_settings(config, data)
+    with operator_errors():
+        asyncio.run(with_backfill(settings, action))
+    if json_:
+        from backfill.adapters.http.admin import engine_object
+        from backfill.adapters.http.presenters import list_object
+
+        typer.echo(to_json(list_object([engine_object(r) for r in reports], False)))
+        return
+    if not reports:
+        typer.echo(
+            "No running worker reports engines (workers report every lease_s / 3; is one "
+            f"running?). Engines this configuration defines: {_configured(config, data)}."
+        )
+        return
+    Console(width=200).print(_engines_table(reports))

@@ -15,9 +15,6 @@ from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
 from backfill.domain.records import Admission, BatchRecord
 from backfill.errors import PaymentRequired, RateLimited, retained_input_limit
 
-# A refusal for too many unfinished batches suggests a retry after this long.
-UNFINISHED_RETRY_S = 60
-
 
 @dataclass(frozen=True, slots=True)
 class AdmissionSnapshot:
@@ -73,7 +70,8 @@ def check(snapshot: AdmissionSnapshot, batch: BatchRecord, admission: Admission)
             f"This organization already has {snapshot.unfinished} unfinished batches (the limit "
             f"is {admission.max_unfinished}); wait for one to finish or cancel one, then retry.",
             code="too_many_unfinished_batches",
-            retry_after_s=UNFINISHED_RETRY_S,
+            # No estimate: room comes back when a batch ends, which may take hours, so the
+            # caller is told at once instead of an SDK retrying into the same refusal.
         )
     check_retained(snapshot.retained_input_bytes, 0, admission.max_retained_input_bytes)
     if admission.throughput_tokens_per_s:

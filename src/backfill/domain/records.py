@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from backfill.domain.catalog import Billing
+from backfill.domain.engine_health import WaitingOn
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
 
@@ -91,6 +92,9 @@ class BatchRecord:
     webhook_url: str | None = None
     retry_of: str | None = None
     """The batch whose failed, expired and cancelled lines this one reruns."""
+    waiting_on: WaitingOn | None = field(default=None, metadata={"stored": False})
+    """Why it makes no progress now (no healthy engine for its model). Not stored: the batch
+    service derives it from the engines' health when it reads the batch."""
 
     @property
     def prices(self) -> Prices | None:

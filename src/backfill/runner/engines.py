@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure
+from backfill.domain.engine_health import EngineState, HealthTracker, Note, NoteKind
 from backfill.domain.records import ClaimedItem, WorkBatch
-from backfill.ports import Engine, PressureProbe, WaitingWork
+from backfill.ports import Engine, EngineDiagnostics, PressureProbe, WaitingWork
 from backfill.runner.inputs import ClaimInput
 
 log = logging.getLogger("backfill.runner")
@@ -41,6 +42,9 @@ IDLE_STOP_S = 600.0
 # running: a start takes seconds anyway, and a read every few seconds is little next to the
 # dispatcher's claims, several a second.
 ON_DEMAND_CHECK_S = 2.0
+# While an engine stays down its warning is repeated this often, and a flapping engine's
+# outages with the same reason are not warned about more often (engine_down_log_interval_s).
+DOWN_REMINDER_S = 300.0
 
 
 class Switch(Protocol):
@@ -74,7 +78,10 @@ class EngineSlot:
 
     Only these methods change them. A request that ends calls ``done``; its slot goes at once
     to the next queued request (through ``start``), so a busy engine never waits for a claim
-    round trip, and ``wake`` tells the dispatcher to claim more.
+    round trip, and ``wake`` tells the dispatcher to claim more. Health checks are logged as
+    ``HealthTracker`` decides (a warning with the reason when the engine is down, again every
+    ``remind_s`` while it stays down, a flapping engine's outages at most that often), and
+    ``changed`` is called when what they found moved.
     """
 
     def __init__(
@@ -84,8 +91,15 @@ class EngineSlot:
         wake: Callable[[], None],
         limit: ConcurrencyLimit | None = None,
         switch: Switch | None = None,
+        *,
+        now: Callable[[], float] = time.time,
+        remind_s: float = DOWN_REMINDER_S,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.engine = engine
+        self._now = now
+        self._changed = changed
+        self.health = HealthTracker(now(), remind_s=remind_s)
         self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
         # Set for an engine started on demand (``OnDemand``); None: it runs all along.
         self.switch = switch
@@ -202,20 +216,36 @@ class EngineSlot:
         """Ask the engine whether it is up; one that comes back takes its backlog at once."""
         healthy = not self.parked and await self.engine.healthy()
         # Parked while it was asked: the answer came from a process that is stopping.
-        self._set_health(healthy and not self.parked)
+        if self.parked:
+            self._observe(EngineState.STANDBY)
+        elif healthy:
+            self._observe(EngineState.UP)
+        else:
+            self._observe(EngineState.DOWN, _health_error(self.engine))
         return self._healthy
 
     def down(self) -> None:
-        """Take no more work: the engine is about to stop."""
-        self._set_health(False)
+        """Take no more work: the engine is about to stop (on purpose: standby)."""
+        self._observe(EngineState.STANDBY)
+
+    @property
+    def url(self) -> str | None:
+        engine = self.engine
+        return engine.url if isinstance(engine, EngineDiagnostics) else None
+
+    def _observe(self, state: EngineState, reason: str | None = None) -> None:
+        seen = self.health.observe(state, reason, self._now())
+        if seen.note is not None:
+            _log_health(self, seen.note)
+        self._set_health(state == EngineState.UP)
+        if seen.changed:
+            self._changed()
 
     def _set_health(self, healthy: bool) -> None:
         was, self._healthy = self._healthy, healthy
-        if healthy != was:
-            log.info("engine %s is %s", self.engine.name, "up" if healthy else "down")
-            if healthy:
-                self._wake()
-                self._fill()
+        if healthy and not was:
+            self._wake()
+            self._fill()
 
     def _fill(self) -> None:
         while self.free > 0 and self._backlog:
@@ -234,16 +264,36 @@ class EnginePool:
         start: Start,
         sharing: Sharing | None = None,
         switches: Mapping[str, Switch] | None = None,
+        *,
+        now: Callable[[], float] = time.time,
+        remind_s: float = DOWN_REMINDER_S,
     ) -> None:
         self._woken = asyncio.Event()
         self._recheck = asyncio.Event()
         self._sharing = sharing or Sharing()
         limits, switches = self._sharing.limits, switches or {}
         self.slots = [
-            EngineSlot(e, start, self._woken.set, limits.get(e.name), switches.get(e.name))
+            EngineSlot(
+                e,
+                start,
+                self._woken.set,
+                limits.get(e.name),
+                switches.get(e.name),
+                now=now,
+                remind_s=remind_s,
+                changed=self._health_moved,
+            )
             for e in engines
         ]
         self._tasks: list[asyncio.Task[None]] = []
+        self._moved = False
+        # Told after a round of health checks that changed what one of them says. It must not
+        # block: the worker's report writer stores the change from its own loop, so neither a
+        # slow database nor stopping the watch can hold up the checks or cut a write short.
+        self.on_health_change: Callable[[], None] | None = None
+
+    def _health_moved(self) -> None:
+        self._moved = True
 
     def wake(self) -> None:
         self._woken.set()
@@ -274,6 +324,9 @@ class EnginePool:
             self._recheck.clear()
             for slot in self.slots:
                 await slot.check()
+            if self._moved and self.on_health_change is not None:
+                self._moved = False
+                self.on_health_change()
             # A parked engine is down on purpose: the others are not watched closer for it.
             healthy = all(s.healthy or s.parked for s in self.slots)
             with contextlib.suppress(TimeoutError):
@@ -380,3 +433,42 @@ class OnDemand:
 
 def _busy(slot: EngineSlot) -> bool:
     return slot.in_flight > 0 or bool(slot.backlog)
+
+
+def _health_error(engine: Engine) -> str | None:
+    return engine.health_error if isinstance(engine, EngineDiagnostics) else None
+
+
+def _log_health(slot: EngineSlot, note: Note) -> None:
+    """One line an operator can act on: which engine, where, what is wrong, what waits."""
+    name, where = slot.engine.name, slot.url or "no URL"
+    models = ", ".join(slot.engine.models) or "no model"
+    if note.kind == NoteKind.UP:
+        log.info("engine %s (%s) is up", name, where)
+    elif note.kind == NoteKind.RECOVERED:
+        log.info("engine %s (%s) is up again after %.0f s down", name, where, note.down_for_s)
+    elif note.kind == NoteKind.DOWN:
+        log.warning(
+            "engine %s (%s) is down: %s; requests for %s wait in the queue until it answers%s",
+            name,
+            where,
+            slot.health.reason,
+            models,
+            _flapping(note.unlogged_outages),
+        )
+    else:
+        log.warning(
+            "engine %s (%s) is still down after %.0f s: %s; requests for %s wait in the queue",
+            name,
+            where,
+            note.down_for_s,
+            slot.health.reason,
+            models,
+        )
+
+
+def _flapping(unlogged: int) -> str:
+    if not unlogged:
+        return ""
+    times = "time" if unlogged == 1 else "times"
+    return f" (it also went down and came back {unlogged} {times} since the previous warning)"

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from backfill.domain import ids
+from backfill.domain.engine_health import EngineReport
 from backfill.metrics import Metrics
 from backfill.ports import (
     BatchStore,
@@ -21,6 +23,7 @@ from backfill.ports import (
     Catalog,
     Clock,
     Engine,
+    EngineHealthStore,
     LedgerStore,
     MediaFetcher,
     ResultStore,
@@ -30,6 +33,7 @@ from backfill.ports import (
 )
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
+from backfill.runner.engine_reports import EngineReports
 from backfill.runner.engines import (
     ON_DEMAND_CHECK_S,
     EnginePool,
@@ -76,6 +80,9 @@ class WorkerConfig:
     prefix_locality: bool
     # All of a request's fetched https images together (max_media_bytes_per_line).
     media_line_bytes: int
+    # While an engine stays down its warning is logged again this often; a flapping engine's
+    # outages with one reason are not warned about more often.
+    engine_down_log_interval_s: float
 
     @classmethod
     def from_settings(cls, settings: Settings, *, sole_worker: bool) -> WorkerConfig:
@@ -96,10 +103,13 @@ class WorkerConfig:
             validating_retry_max_s=settings.validating_retry_max_s,
             prefix_locality=settings.prefix_locality,
             media_line_bytes=settings.max_media_bytes_per_line,
+            engine_down_log_interval_s=settings.engine_down_log_interval_s,
         )
 
 
-class WorkerStore(WorkQueue, WaitingWork, BatchStore, ResultStore, LedgerStore, Protocol):
+class WorkerStore(
+    WorkQueue, WaitingWork, BatchStore, ResultStore, LedgerStore, EngineHealthStore, Protocol
+):
     """The roles the worker's parts use, each handed only its own."""
 
 
@@ -121,7 +131,9 @@ class Worker:
         on_demand: Mapping[str, Switch] | None = None,
         media: MediaFetcher | None = None,
         notifier: Notifier | None = None,
+        name: str | None = None,
     ) -> None:
+        """``name`` tells this worker's engine reports from other workers' (default: random)."""
         self._media = media
         self._notifier = notifier
         self._store = store
@@ -154,7 +166,23 @@ class Worker:
             media=media,
             media_line_bytes=config.media_line_bytes,
         )
-        self._pool = EnginePool(engines, self._requests.start, sharing, on_demand)
+        self._pool = EnginePool(
+            engines,
+            self._requests.start,
+            sharing,
+            on_demand,
+            now=clock.now,
+            remind_s=config.engine_down_log_interval_s,
+        )
+        self._reports = EngineReports(
+            store,
+            self._pool,
+            name or ids.lease_token(),
+            clock,
+            ttl_s=config.lease_s,
+            heartbeat_s=config.lease_s / 3,
+        )
+        self._pool.on_health_change = self._reports.changed
         self._on_demand = OnDemand(self._pool, store, now=clock.now)
         self._dispatcher = Dispatcher(
             store,
@@ -191,6 +219,8 @@ class Worker:
         loops.repeat("dispatch", self._dispatcher.round)
         loops.every("lifecycle", config.lifecycle_interval_s, self._lifecycle_step, at_once=True)
         loops.every("leases", config.lease_s / 3, self.heartbeat)
+        # The one writer of engine health: changes the watch marks, and a heartbeat.
+        loops.repeat("engine-reports", lambda: self._reports.step(loops.stopping))
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self._notifier is not None:
@@ -218,7 +248,10 @@ class Worker:
         await self._leases.settle()
         await self._results.stop()
         await self.charge_gpu_time()
+        # The health watch writes nothing (the engine-reports loop, ended above, does), so
+        # stopping it cuts no statement short; the rows go after the last write.
         await self._pool.stop()
+        await self._reports.withdraw()
         if self._media is not None:
             await self._media.close()
         if self._notifier is not None:
@@ -233,20 +266,9 @@ class Worker:
             metrics.concurrency_limit.labels(name).set(slot.limit)
             metrics.engine_pressure.labels(name).set(slot.governor.pressure)
 
-    def engine_status(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": slot.engine.name,
-                "healthy": slot.healthy,
-                "in_flight": slot.in_flight,
-                "max_concurrency": slot.engine.max_concurrency,
-                "mode": slot.governor.mode.value,
-                "concurrency_limit": slot.limit,
-                "signal": slot.governor.signal.value,
-                "pressure": round(slot.governor.pressure, 3),
-            }
-            for slot in self._pool.slots
-        ]
+    def engine_reports(self) -> list[EngineReport]:
+        """This worker's engines as it sees them now (what it stores, without the delay)."""
+        return self._reports.current()
 
     def note_created(self, _batch_id: str) -> None:
         """Called when a batch is created in this process: look for work now."""

@@ -23,6 +23,7 @@ from backfill.domain.money import worst_case
 from backfill.domain.records import Admission, BatchRecord, Page
 from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
 from backfill.ports import BatchStore, Catalog, Clock
+from backfill.services.engine_health import EngineHealth
 from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.batches")
@@ -120,6 +121,7 @@ class BatchService:
         events: BatchEvents | None = None,
         deadline_admission: bool = True,
         webhook_refusal: Callable[[str], str | None] | None = None,
+        health: EngineHealth | None = None,
     ) -> None:
         self._store = store
         self._files = files
@@ -133,6 +135,8 @@ class BatchService:
         self._deadline_admission = deadline_admission
         # Why a URL may not receive webhooks (None: it may); without one, none may.
         self._webhook_refusal = webhook_refusal
+        # Sets a batch's ``waiting_on`` when no engine can serve its model (None: never).
+        self._health = health
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
@@ -360,12 +364,13 @@ class BatchService:
         batch = await self._store.get_batch(org_id, batch_id)
         if batch is None:
             raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
-        return batch
+        return batch if self._health is None else await self._health.annotate(batch)
 
     async def list(self, org_id: str, after: str | None, limit: int) -> Page[BatchRecord]:
         if not 1 <= limit <= 100:
             raise _bad(f"'limit' must be from 1 to 100 (it is {limit}).", "limit")
-        return await self._store.list_batches(org_id, after, limit)
+        page = await self._store.list_batches(org_id, after, limit)
+        return page if self._health is None else await self._health.annotate_page(page)
 
     async def cancel(self, org_id: str, batch_id: str) -> BatchRecord:
         batch = await self.get(org_id, batch_id)

@@ -1,12 +1,14 @@
-"""Readiness and metrics for operators (SPEC §11.5)."""
+"""Readiness, metrics and engine health for operators (SPEC §11.5)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
+from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.metrics import Metrics
 from backfill.ports import OperationsStore
+from backfill.services.engine_health import EngineHealth
 
 log = logging.getLogger("backfill.api")
 
@@ -17,11 +19,14 @@ class Operations:
         store: OperationsStore,
         metrics: Metrics,
         observe: Callable[[], None] | None = None,
+        *,
+        health: EngineHealth,
     ) -> None:
         self._store = store
         self.metrics = metrics
         # Called before each scrape: the worker refreshes the gauges only it knows.
         self._observe = observe
+        self._health = health
 
     async def ready(self) -> bool:
         try:
@@ -30,6 +35,10 @@ class Operations:
             log.warning("readiness check: the database is not reachable")
             return False
         return True
+
+    async def engines(self) -> list[EngineReport]:
+        """Every engine each live worker runs, with its health (by engine name, then worker)."""
+        return await self._health.reports()
 
     async def render_metrics(self) -> bytes:
         statuses, depth = await self._store.gauges()
@@ -40,6 +49,23 @@ class Operations:
         self.metrics.dispatch_share.clear()
         for share in await self._store.dispatch_shares():
             self.metrics.dispatch_share.labels(share.model, share.org).set(share.share)
+        await self._engine_gauges()
         if self._observe is not None:
             self._observe()
         return self.metrics.render()
+
+    async def _engine_gauges(self) -> None:
+        """Engine health and the batches it holds up, from what every live worker reported:
+        labels are engine and model names only, as many as the configuration has."""
+        reports = await self._health.reports()
+        up: dict[str, bool] = {}
+        for report in reports:
+            # Stopped on purpose until work waits for it: neither healthy nor a fault.
+            if report.state != EngineState.STANDBY:
+                up[report.engine] = up.get(report.engine, False) or report.healthy
+        self.metrics.engine_healthy.clear()
+        for engine, healthy in up.items():
+            self.metrics.engine_healthy.labels(engine).set(1 if healthy else 0)
+        self.metrics.batches_waiting_on_engine.clear()
+        for model, count in (await self._health.batches_waiting()).items():
+            self.metrics.batches_waiting_on_engine.labels(model).set(count)

@@ -19,7 +19,8 @@ from backfill.domain.money import Prices
 from backfill.domain.records import BatchRecord, Org, Receipt, ReceiptKind
 from backfill.errors import InvalidInput
 
-BATCH_FIELDS = [f.name for f in fields(BatchRecord)]
+# What a batch row holds: every field of the record but those derived when it is read.
+BATCH_FIELDS = [f.name for f in fields(BatchRecord) if f.metadata.get("stored", True)]
 FILE_FIELDS = [f.name for f in fields(FileRecord)]
 
 # The terminal statuses as plain strings, for SQL ``IN`` clauses.

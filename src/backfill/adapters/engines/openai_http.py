@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import email.utils
+import os
+import re
+import ssl
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
@@ -25,6 +29,67 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def public_url(url: str) -> str:
+    """``url`` without a user, password, query or fragment: what logs and the admin API may
+    show of where an engine is."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+# A health check that takes longer than this counts as failed.
+HEALTH_TIMEOUT_S = 5.0
+# What an answer other than 200 to the health check most likely means, for the operator.
+_STATUS_HINTS = {
+    401: "check the engine's api_key",
+    403: "check the engine's api_key",
+    404: "is base_url the root of an OpenAI-compatible server?",
+}
+
+
+# OpenSSL's words come as "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)".
+_SSL_NOISE = re.compile(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$")
+
+
+def _connect_error(exc: aiohttp.ClientConnectorError) -> str:
+    """Why no connection could be made: a TLS handshake that failed, or the system's reason."""
+    where = f"{exc.host}:{exc.port}"
+    # Before any OSError test: an SSL error is an OSError whose errno is OpenSSL's code.
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return f"TLS handshake with {where} failed: {_tls_cause(exc.os_error)}"
+    return f"cannot connect to {where} ({_cause(exc.os_error)})"
+
+
+def _tls_cause(error: OSError) -> str:
+    """OpenSSL's reason, without its codes ("certificate verify failed (self-signed
+    certificate)", "wrong version number": the port does not speak TLS)."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        detail = (error.verify_message or "").rstrip(".")
+        return f"certificate verify failed ({detail})" if detail else "certificate verify failed"
+    words = _SSL_NOISE.sub("", error.strerror or str(error)).strip()
+    if words:
+        return words
+    if isinstance(error, ssl.SSLError) and error.reason:
+        return error.reason.lower().replace("_", " ")
+    return type(error).__name__
+
+
+def _cause(error: OSError) -> str:
+    """Why a connection failed, in the system's words ("connection refused")."""
+    # asyncio words refusals as "Connect call failed (...)"; the errno says it plainly. Only
+    # for an OS error: an SSL error's errno is OpenSSL's, which os.strerror misreads.
+    if not isinstance(error, ssl.SSLError) and isinstance(error.errno, int) and error.errno > 0:
+        return os.strerror(error.errno).lower()
+    return (error.strerror or type(error).__name__).lower()
 
 
 class OpenAIHttpEngine:
@@ -57,6 +122,15 @@ class OpenAIHttpEngine:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._health_error: str | None = None
+
+    @property
+    def url(self) -> str:
+        return public_url(self.base_url)
+
+    @property
+    def health_error(self) -> str | None:
+        return self._health_error
 
     @property
     def metrics_url(self) -> str:
@@ -100,12 +174,25 @@ class OpenAIHttpEngine:
             raise EngineUnreachable(f"{self.name}: {type(exc).__name__}") from None
 
     async def healthy(self) -> bool:
-        url = self._root + "/v1/models"
+        self._health_error = await self._check()
+        return self._health_error is None
+
+    async def _check(self) -> str | None:
+        """Why ``GET /v1/models`` shows the engine cannot take requests; None when it can."""
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
         try:
-            async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return False
+            async with self._client().get(self._root + "/v1/models", timeout=timeout) as r:
+                status = r.status
+        except TimeoutError:
+            return f"GET /v1/models did not answer within {HEALTH_TIMEOUT_S:g} s"
+        except aiohttp.ClientConnectorError as exc:
+            return _connect_error(exc)
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"GET /v1/models failed: {type(exc).__name__}"
+        if status == 200:
+            return None
+        hint = _STATUS_HINTS.get(status)
+        return f"GET /v1/models answered HTTP {status}" + (f" ({hint})" if hint else "")
 
     async def close(self) -> None:
         if self._session is not None:

@@ -55,11 +55,11 @@ def error_response(
 
 
 def backfill_error_response(exc: BackfillError, headers: dict[str, str] | None = None) -> Response:
-    """The envelope of a BackfillError, with ``Retry-After`` when waiting can help."""
+    """The envelope of a BackfillError, with ``Retry-After`` when the error knows how long
+    waiting takes (docs/api.md, "When to retry")."""
     all_headers = dict(headers or {})
-    retry_after = getattr(exc, "retry_after_s", None)
-    if retry_after is not None:
-        all_headers["Retry-After"] = str(retry_after)
+    if exc.retry_after_s is not None:
+        all_headers["Retry-After"] = str(exc.retry_after_s)
     return error_response(
         exc.status,
         exc.message,

@@ -1,0 +1,95 @@
+"""Engine health reports: each worker's rows, read by every process (docs/deployment.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, select, true
+
+from backfill.adapters.db import tables as t
+from backfill.adapters.db.engine import SqlBase
+from backfill.domain.engine_health import EngineReport, EngineState
+from backfill.domain.lifecycle import BatchStatus
+
+# Rows of a worker that stopped reporting are ignored from their ``until`` on, and removed
+# this much later: long enough to tell what a crashed worker last saw, short enough that
+# workers restarted under new names do not pile up.
+FORGET_AFTER_S = 24 * 3600.0
+
+_KEY = ("worker", "engine")
+
+
+def _values(report: EngineReport) -> dict[str, Any]:
+    return {
+        "worker": report.worker,
+        "engine": report.engine,
+        "url": report.url,
+        "models": list(report.models),
+        "state": report.state.value,
+        "last_error": report.last_error,
+        "since": report.since,
+        "checked_at": report.checked_at,
+        "in_flight": report.in_flight,
+        "max_concurrency": report.max_concurrency,
+        "concurrency_limit": report.concurrency_limit,
+        "mode": report.mode,
+        "signal": report.signal,
+        "pressure": report.pressure,
+        "until": report.until,
+    }
+
+
+def _report(row: Any) -> EngineReport:
+    return EngineReport(
+        worker=row.worker,
+        engine=row.engine,
+        url=row.url,
+        models=tuple(row.models),
+        state=EngineState(row.state),
+        last_error=row.last_error,
+        since=row.since,
+        checked_at=row.checked_at,
+        in_flight=row.in_flight,
+        max_concurrency=row.max_concurrency,
+        concurrency_limit=row.concurrency_limit,
+        mode=row.mode,
+        signal=row.signal,
+        pressure=row.pressure,
+        until=row.until,
+    )
+
+
+class EngineHealthQueries(SqlBase):
+    async def report_engines(self, reports: Sequence[EngineReport], now: float) -> None:
+        h = t.engine_health
+        async with self.writing("reporting engine health") as conn:
+            for report in reports:
+                values = _values(report)
+                replace = [name for name in values if name not in _KEY]
+                key = [h.c.worker, h.c.engine]
+                await conn.execute(self.dialect.upsert(h, values, key, replace, true()))
+            await conn.execute(delete(h).where(h.c.until < now - FORGET_AFTER_S))
+
+    async def engine_reports(self, now: float) -> list[EngineReport]:
+        h = t.engine_health
+        query = select(h).where(h.c.until >= now).order_by(h.c.engine, h.c.worker)
+        async with self.engine.connect() as conn:
+            return [_report(row) for row in await conn.execute(query)]
+
+    async def forget_engines(self, worker: str) -> None:
+        h = t.engine_health
+        async with self.writing("forgetting engine health") as conn:
+            await conn.execute(delete(h).where(h.c.worker == worker))
+
+    async def running_batches_by_model(self) -> dict[str, int]:
+        b = t.batches
+        running = [BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value]
+        # Named statuses, so ix_batches_status_expires serves the read (as ``gauges`` does).
+        query = (
+            select(b.c.model, func.count())
+            .where(b.c.status.in_(running), b.c.completed + b.c.failed < b.c.total)
+            .group_by(b.c.model)
+        )
+        async with self.engine.connect() as conn:
+            return {model: int(count) for model, count in await conn.execute(query)}

@@ -1,0 +1,263 @@
+"""Engine health as operators and batch owners see it: what each worker's health checks found,
+what of it is worth a log line, and whether a batch waits because no engine can serve it.
+
+Pure: the runner feeds check results and times in; the store keeps ``EngineReport`` rows so
+that every process (an API without a worker included) reads the same picture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from backfill.domain.lifecycle import BatchStatus
+
+if TYPE_CHECKING:
+    from backfill.domain.records import BatchRecord
+
+# An engine that has not answered yet (the worker just started, or started it on demand) is
+# reported as down only after this long: a managed llama.cpp loads in a few seconds, and a
+# warning at every start would teach operators to ignore the real one.
+START_GRACE_S = 10.0
+
+# The code a batch object's ``waiting_on`` carries when no engine can serve its model.
+NO_HEALTHY_ENGINE = "no_healthy_engine"
+
+# Longer reasons are cut: they come from the engine's answer and end up in logs and the API.
+MAX_REASON_CHARS = 300
+
+
+class EngineState(StrEnum):
+    UP = "up"
+    """Its last health check passed."""
+    DOWN = "down"
+    """Its last health check failed; ``last_error`` says why."""
+    STANDBY = "standby"
+    """Stopped on purpose; started when work waits for its models (not a fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReport:
+    """One worker's view of one of its engines, as stored for every process to read."""
+
+    worker: str
+    engine: str
+    url: str | None
+    """Where the worker reaches it, without credentials; None when it has no URL."""
+    models: tuple[str, ...]
+    state: EngineState
+    last_error: str | None
+    """Why the last health check failed (None while up or on standby)."""
+    since: float
+    """When ``state`` began, as this worker saw it (Unix seconds)."""
+    checked_at: float | None
+    """The last health check (None: not checked yet)."""
+    in_flight: int
+    max_concurrency: int
+    concurrency_limit: int
+    mode: str
+    signal: str
+    pressure: float
+    until: float = 0.0
+    """The row counts until then; past it, its worker stopped reporting (it died)."""
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == EngineState.UP
+
+
+class NoteKind(StrEnum):
+    UP = "up"
+    """Answering for the first time since the start (or a standby)."""
+    DOWN = "down"
+    """Stopped answering: a warning."""
+    STILL_DOWN = "still_down"
+    """Still not answering, a reminder interval after the last warning."""
+    RECOVERED = "recovered"
+    """Answering again after a warning."""
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What one health check is worth telling the operator."""
+
+    kind: NoteKind
+    down_for_s: float = 0.0
+    """How long the engine has been down (DOWN, STILL_DOWN, RECOVERED)."""
+    unlogged_outages: int = 0
+    """DOWN: outages since the previous warning that went unlogged (the engine flaps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    changed: bool
+    """The state or its reason moved: the stored report should say so now."""
+    note: Note | None
+
+
+class HealthTracker:
+    """One engine's health as its checks find it, and which checks are worth a log line.
+
+    A check that finds an engine down after it was up is a warning at once; an engine that has
+    not answered yet (just started) gets ``grace_s`` first. While it stays down the warning is
+    repeated every ``remind_s``; the check that finds it back after a warning is worth an info
+    line saying for how long it was down. Standby (stopped on purpose) is never a warning.
+
+    A flapping engine (down, up, down again) is not a warning at every outage: an outage with
+    the same reason as a warning less than ``remind_s`` ago goes unlogged, and so does the
+    recovery from it. Unlogged outages are counted, and told with the next warning: the first
+    outage of the same reason ``remind_s`` after the last warning, or one that lasts until
+    then. An outage with another reason is a warning at once.
+    """
+
+    def __init__(
+        self, started_at: float, *, remind_s: float, grace_s: float = START_GRACE_S
+    ) -> None:
+        self.remind_s = remind_s
+        self.grace_s = grace_s
+        self.state: EngineState | None = None
+        self.reason: str | None = None
+        self.since = started_at
+        self.checked_at: float | None = None
+        # When the current outage was last warned about (None: it was not, or it is over).
+        self._warned_at: float | None = None
+        # When each reason was last warned about, over the last ``remind_s``.
+        self._warned: dict[str, float] = {}
+        # The current outage was held back (a warning with its reason went out recently).
+        self._held = False
+        # Outages held back and over since the last warning.
+        self._unlogged = 0
+        # Answered since the start or the last standby: an outage is then a warning at once.
+        self._answered = False
+
+    def observe(self, state: EngineState, reason: str | None, now: float) -> Observation:
+        previous, since = self.state, self.since
+        reason = _short(reason) if state == EngineState.DOWN else None
+        changed = state != previous or reason != self.reason
+        self.state, self.reason, self.checked_at = state, reason, now
+        if state != previous:
+            self.since = now
+        if state == EngineState.DOWN:
+            return Observation(changed, self._down(reason or _short(None), now))
+        return Observation(changed, self._not_down(state, since, now))
+
+    def _not_down(self, state: EngineState, since: float, now: float) -> Note | None:
+        """``since``: when the state before this check began."""
+        if state == EngineState.STANDBY:
+            # Stopped on purpose: its next start is a fresh one (grace, no flap count).
+            self._warned_at, self._held, self._answered, self._unlogged = None, False, False, 0
+            self._warned.clear()
+            return None
+        answered, self._answered = self._answered, True
+        if self._held:
+            self._held = False
+            self._unlogged += 1
+        if self._warned_at is not None:
+            # A warning goes out only while down, and is forgotten on standby: the state
+            # before this check was the outage.
+            self._warned_at = None
+            return Note(NoteKind.RECOVERED, now - since)
+        return None if answered else Note(NoteKind.UP)
+
+    def _down(self, reason: str, now: float) -> Note | None:
+        down_for = now - self.since
+        if self._warned_at is not None:
+            if now - self._warned_at < self.remind_s:
+                return None
+            self._warned_at = now
+            return Note(NoteKind.STILL_DOWN, down_for)
+        if not self._answered and down_for < self.grace_s:
+            return None
+        self._warned = {r: at for r, at in self._warned.items() if now - at < self.remind_s}
+        if reason in self._warned:
+            self._held = True
+            return None
+        self._warned[reason] = self._warned_at = now
+        note = Note(NoteKind.DOWN, down_for, self._unlogged)
+        self._held, self._unlogged = False, 0
+        return note
+
+
+def _short(reason: str | None) -> str:
+    text = " ".join((reason or "its health check failed").split())
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHealth:
+    """What the live reports say about the engines serving one model."""
+
+    available: bool
+    """Some engine serving it is up, or on standby (started as soon as work waits)."""
+    down_since: float | None
+    """When the last engine serving it stopped answering (None while available)."""
+
+
+def model_health(reports: Iterable[EngineReport]) -> dict[str, ModelHealth]:
+    """Each model the ``reports`` name, and whether any of their engines can serve it."""
+    available: dict[str, bool] = {}
+    down_since: dict[str, float] = {}
+    for report in reports:
+        up = report.state != EngineState.DOWN
+        for model in report.models:
+            available[model] = available.get(model, False) or up
+            if not up:
+                down_since[model] = max(down_since.get(model, report.since), report.since)
+    return {
+        model: ModelHealth(True, None) if ok else ModelHealth(False, down_since[model])
+        for model, ok in available.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingOn:
+    """Why a running batch makes no progress, for its owner: a stable ``code``, a message
+    that says what happens next, and since when (Unix seconds)."""
+
+    code: str
+    message: str
+    since: int
+
+
+# Only these statuses wait for an engine: a cancelling batch ends without one, a finalizing
+# one has no lines left.
+_RUNNING = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
+
+
+def may_wait(batch: BatchRecord) -> bool:
+    """Whether ``batch`` could be waiting for an engine: it runs and has lines not done."""
+    return batch.status in _RUNNING and batch.completed + batch.failed < batch.total
+
+
+def waiting_on(batch: BatchRecord, health: Mapping[str, ModelHealth]) -> WaitingOn | None:
+    """Why ``batch`` waits, or None: it is running, has lines not done, and no engine that
+    serves its model is healthy (or none does at all)."""
+    if not may_wait(batch):
+        return None
+    model = health.get(batch.model)
+    if model is not None and model.available:
+        return None
+    resumes = (
+        "Its requests wait in the queue; the batch resumes by itself, with nothing lost or "
+        "charged twice, as soon as {when} (it still expires at its expires_at)."
+    )
+    if model is None or model.down_since is None:
+        message = f"No running worker has an engine for model '{batch.model}'. " + resumes.format(
+            when="a worker with an engine for it runs"
+        )
+        return WaitingOn(NO_HEALTHY_ENGINE, message, batch.created_at)
+    since = int(model.down_since)
+    message = (
+        f"No engine serving model '{batch.model}' has passed its health check since "
+        f"{_utc(since)}. "
+        + resumes.format(when="one answers again")
+        + " Operators see why with 'backfill admin engine list'."
+    )
+    return WaitingOn(NO_HEALTHY_ENGINE, message, since)
+
+
+def _utc(ts: int) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
