@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +43,15 @@ from backfill.ports import Clock, Engine, PressureProbe, Sealer
 from backfill.runner.engines import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker, WorkerConfig
+from backfill.services.account import AccountService
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
+from backfill.services.engine_health import EngineHealth
+from backfill.services.error_codes import ErrorCodeService
 from backfill.services.files import FileService
+from backfill.services.fleet import FleetService
 from backfill.services.notifications import NotificationService
 from backfill.services.operations import Operations
 from backfill.services.planner import Planner
@@ -131,7 +138,6 @@ class Backfill:
             on_start=self.start,
             on_stop=self.stop,
             settings=self.settings,
-            engine_status=self.worker.engine_status if self.worker else None,
         )
 
 
@@ -309,6 +315,12 @@ def _limit(spec: EngineSettings) -> ConcurrencyLimit:
     return ConcurrencyLimit(spec.max_concurrency, spec.mode, targets)
 
 
+def _worker_name() -> str:
+    """How operators tell workers apart in engine health: host and process, and a few random
+    characters for processes that share both (tests run several in one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
 def build(
     settings: Settings,
     *,
@@ -390,7 +402,9 @@ def build(
             built.on_demand,
             _media_fetcher(settings),
             _notifier(settings, store, webhooks, keyring, clock, metrics),
+            name=_worker_name(),
         )
+    health = EngineHealth(store, clock, worker.engine_reports if worker is not None else None)
     batches = BatchService(
         store,
         files,
@@ -403,8 +417,11 @@ def build(
         events=worker,
         deadline_admission=settings.deadline_admission,
         webhook_refusal=webhooks.refusal,
+        health=health,
     )
-    operations = Operations(store, metrics, worker.observe if worker is not None else None)
+    operations = Operations(
+        store, metrics, worker.observe if worker is not None else None, health=health
+    )
     services = Services(
         TenantService(store, store, clock),
         files,
@@ -415,6 +432,9 @@ def build(
         NotificationService(store, store, store, keyring, clock, webhooks.refusal),
         ResultService(store, keyring, files),
         reruns=RerunService(store, batches, files, clock),
+        account=AccountService(store, store),
+        fleet=FleetService(store),
+        error_codes=ErrorCodeService(store, keyring, files),
     )
     return Backfill(
         settings,

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
 from backfill.domain.concurrency import Pressure
+from backfill.domain.engine_health import EngineReport
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import Attempt, Endpoint, Notification, SealedSecrets
+from backfill.domain.overview import (
+    BatchCharges,
+    LedgerEntry,
+    ModelQueue,
+    OrgAccount,
+    OrgCredit,
+)
 from backfill.domain.planning import Plan, PlanInputs
+from backfill.domain.progress import BatchProgress
 from backfill.domain.records import (
     Admission,
     ApiKey,
@@ -121,6 +130,23 @@ class Engine(Protocol):
     async def healthy(self) -> bool: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineDiagnostics(Protocol):
+    """What an ``Engine`` may also tell operators: where it is and why its last health check
+    failed. Engines without it are reported with no URL and a generic reason."""
+
+    @property
+    def url(self) -> str | None:
+        """Where the engine is reached, without credentials."""
+        ...
+
+    @property
+    def health_error(self) -> str | None:
+        """Why the last ``healthy()`` answered False (refused, timed out, which status), in
+        words for an operator; None after one that answered True. Never request content."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +487,15 @@ class ResultPages(Protocol):
         a payload and error code both None means the results were purged."""
         ...
 
+    async def progress_history(
+        self, org_id: str, batch_id: str, max_points: int
+    ) -> BatchProgress | None:
+        """The batch's results stored over time: the times of at most ``max_points`` of its
+        result numbers, evenly spaced, the first and the last among them (one indexed lookup,
+        never a walk over its lines); no points when one of those has no time (stored before
+        times were kept). None when ``org_id`` has no such batch."""
+        ...
+
 
 class OperationsStore(Protocol):
     """What operators read (reachability, gauges) and the leases that let one process at a
@@ -533,6 +568,71 @@ class NotificationStore(Protocol):
     async def notify_email(self, org_id: str) -> str | None: ...
 
 
+class OverviewStore(Protocol):
+    """Read models for the dashboard: who a key's org is, its credit, ledger entries and
+    batches' charges, a batch's failed lines, each org's credit and the queue by model. Reads
+    only; each costs about what it returns (no read of an org's receipts or of a batch's
+    successful lines)."""
+
+    async def org_by_id(self, org_id: str) -> Org | None: ...
+
+    async def org_account(self, org_id: str) -> OrgAccount | None:
+        """The org with its balance, reservation and lifetime credits, read in one snapshot
+        from its row and its credits."""
+        ...
+
+    async def ledger_entries(self, org_id: str, after: str | None, limit: int) -> Page[LedgerEntry]:
+        """The org's credits and the charges of its catalog batches (those charged or holding
+        a reservation), newest first (a batch by its listing key ``seq``, a credit by the
+        second it was added); ``after`` is an entry id of the org from an earlier page
+        (another id is InvalidInput, ``param: after``)."""
+        ...
+
+    async def batch_charges(self, org_id: str, batch_ids: Sequence[str]) -> list[BatchCharges]:
+        """The charges of the org's batches among ``batch_ids``, in one read, in no set
+        order; ids of no batch of the org are left out."""
+        ...
+
+    async def failed_results(
+        self, org_id: str, batch_id: str, after_idx: int, limit: int
+    ) -> list[StoredResult]:
+        """Up to ``limit`` stored results of the batch's failed lines with an index above
+        ``after_idx``, by index; none when the batch is not the org's."""
+        ...
+
+    async def org_credits(self, after: str | None, limit: int) -> Page[OrgCredit]:
+        """Every org with its balance and reservation, oldest first; ``after`` is an org id
+        from an earlier page (an unknown one is InvalidInput, ``param: after``)."""
+        ...
+
+    async def queue_by_model(self) -> list[ModelQueue]:
+        """Unfinished batches grouped by model, by model name."""
+        ...
+
+
+class EngineHealthStore(Protocol):
+    """Each worker's report of its engines' health, so that every process (an API without a
+    worker too) shows the same picture; and the running batches that may wait on them."""
+
+    async def report_engines(self, reports: Sequence[EngineReport], now: float) -> None:
+        """Store ``reports`` (one row per worker and engine, replacing that worker's earlier
+        row) and forget rows whose ``until`` passed long before ``now``."""
+        ...
+
+    async def engine_reports(self, now: float) -> list[EngineReport]:
+        """The rows still counting at ``now`` (their worker kept reporting), by engine name
+        then worker."""
+        ...
+
+    async def forget_engines(self, worker: str) -> None:
+        """Remove a worker's rows: it stops, and its engines with it."""
+        ...
+
+    async def running_batches_by_model(self) -> dict[str, int]:
+        """Batches that are validating or in progress with lines not done, by model."""
+        ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -544,6 +644,8 @@ class Store(
     ResultPages,
     OperationsStore,
     NotificationStore,
+    OverviewStore,
+    EngineHealthStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

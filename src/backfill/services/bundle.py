@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backfill.services.account import AccountService
 from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
+from backfill.services.error_codes import ErrorCodeService
 from backfill.services.files import FileService
+from backfill.services.fleet import FleetService
 from backfill.services.notifications import NotificationService
 from backfill.services.operations import Operations
 from backfill.services.reruns import RerunService
@@ -26,3 +29,6 @@ class Services:
     notifications: NotificationService
     results: ResultService
     reruns: RerunService
+    account: AccountService
+    fleet: FleetService
+    error_codes: ErrorCodeService

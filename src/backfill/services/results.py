@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backfill.domain.lifecycle import TERMINAL
+from backfill.domain.progress import MAX_POINTS, BatchProgress
 from backfill.domain.records import BatchRecord, StoredResult
 from backfill.domain.result_cursor import START, UNNUMBERED, ResultCursor
 from backfill.errors import ContentUnreadable, Gone, InvalidInput, NotFound
@@ -80,7 +81,7 @@ class ResultService:
             raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
         over = batch.status in TERMINAL
         if over:
-            await self._refuse_removed(batch)
+            await refuse_removed(self._store, self._files, batch)
         rows: list[bytes] = []
         size = 0
         position = cursor
@@ -115,16 +116,12 @@ class ResultService:
             position = UNNUMBERED
         return ResultsPage(rows, position.encode(), complete, batch.status)
 
-    async def _refuse_removed(self, batch: BatchRecord) -> None:
-        """410 once the batch's stored results were removed with one of its result files
-        (removing either purges them); a batch that failed before it ran has none."""
-        for file_id in (batch.output_file_id, batch.error_file_id):
-            if file_id is None:
-                continue
-            record = await self._store.get_file(batch.org_id, file_id)
-            # Past its expiry it reads as removed before the janitor sweeps it, as downloads do.
-            if record is None or await self._files.removed(record):
-                raise _removed(batch, file_id)
+    async def progress(self, org_id: str, batch_id: str) -> BatchProgress:
+        """The batch's results stored over time (``GET /v1/batches/{id}/progress``)."""
+        found = await self._store.progress_history(org_id, batch_id, MAX_POINTS)
+        if found is None:
+            raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
+        return found
 
     def _render(self, batch: BatchRecord, result: StoredResult) -> bytes:
         if result.payload is None and result.error_code is None:
@@ -137,6 +134,18 @@ class ResultService:
                 f"The stored result of line {result.idx + 1} of batch {batch.id} cannot be "
                 "opened (damaged, or sealed under another master key)."
             ) from exc
+
+
+async def refuse_removed(store: FileStore, files: FileService, batch: BatchRecord) -> None:
+    """410 once the ended batch's stored results were removed with one of its result files
+    (removing either purges them); a batch that failed before it ran has none."""
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id is None:
+            continue
+        record = await store.get_file(batch.org_id, file_id)
+        # Past its expiry it reads as removed before the janitor sweeps it, as downloads do.
+        if record is None or await files.removed(record):
+            raise _removed(batch, file_id)
 
 
 def _removed(batch: BatchRecord, file_id: str | None) -> Gone:

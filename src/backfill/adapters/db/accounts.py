@@ -6,13 +6,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, literal_column, or_, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import model_of, org_of, receipt_of, receipt_values
+from backfill.adapters.db.sums import joined, sum_halves
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import (
@@ -29,16 +30,11 @@ log = logging.getLogger("backfill.db")
 
 
 async def _exact_sum(conn: AsyncConnection, column: Any, where: Any) -> tuple[int, int]:
-    """``SUM(column)`` without int64 overflow, and the row count, in one statement: lifetime
-    credits may exceed any one balance.
-
-    SQLite's SUM raises "integer overflow" past 2**63; summing the high and the low 32 bits
-    apart is exact on both databases up to 2**31 rows.
-    """
-    high = func.coalesce(func.sum(column.op(">>")(literal_column("32"))), 0)
-    low = func.coalesce(func.sum(column.op("&")(literal_column("4294967295"))), 0)
+    """``SUM(column)`` without int64 overflow (``sums.py``), and the row count, in one
+    statement."""
+    high, low = sum_halves(column)
     row = (await conn.execute(select(high, low, func.count()).where(where))).one()
-    return (int(row[0]) << 32) + int(row[1]), int(row[2])
+    return joined(row[0], row[1]), int(row[2])
 
 
 def _key_of(row: Any) -> ApiKey:

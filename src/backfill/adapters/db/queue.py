@@ -129,9 +129,13 @@ class QueueQueries(SqlBase):
             )
             numbered: dict[str, int] = {}
             seqs = []
+            # A batch's results of one write are stored together, after the last of them ended:
+            # they share its time, so a batch's times never go down along its numbers.
+            stored_at: dict[str, float] = {}
             for r in accepted:
                 numbered[r.batch_id] = numbered.get(r.batch_id, 0) + 1
                 seqs.append(last_seq[r.batch_id] + numbered[r.batch_id])
+                stored_at[r.batch_id] = max(stored_at.get(r.batch_id, 0.0), r.finished_at)
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
@@ -143,6 +147,7 @@ class QueueQueries(SqlBase):
                         outcome=bindparam("b_outcome"),
                         result=bindparam("b_result"),
                         done_seq=bindparam("b_seq"),
+                        done_at=bindparam("b_at"),
                         input_tokens=bindparam("b_in"),
                         output_tokens=bindparam("b_out"),
                         lease_token=None,
@@ -157,6 +162,7 @@ class QueueQueries(SqlBase):
                             "b_in": r.input_tokens,
                             "b_out": r.output_tokens,
                             "b_seq": seq,
+                            "b_at": stored_at[r.batch_id],
                         }
                         for r, seq in zip(accepted, seqs, strict=True)
                     ],

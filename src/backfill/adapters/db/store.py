@@ -9,11 +9,14 @@ from __future__ import annotations
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
+from backfill.adapters.db.engine_health import EngineHealthQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
 from backfill.adapters.db.notifications import NotificationQueries
+from backfill.adapters.db.overview import OverviewQueries
 from backfill.adapters.db.planning import PlanningQueries
+from backfill.adapters.db.progress import ProgressQueries
 from backfill.adapters.db.queue import QueueQueries
 from backfill.adapters.db.reruns import EndedBatchQueries
 from backfill.adapters.db.result_pages import ResultPageQueries
@@ -24,11 +27,14 @@ class SqlStore(
     BatchQueries,
     ClaimQueries,
     EndedBatchQueries,
+    EngineHealthQueries,
     FileQueries,
     FinalizeQueries,
     KeyringQueries,
     NotificationQueries,
+    OverviewQueries,
     PlanningQueries,
+    ProgressQueries,
     QueueQueries,
     ResultPageQueries,
 ):

@@ -254,6 +254,9 @@ items = Table(
     # The order results were stored in, per batch (``batches.results_seq``); null for lines
     # closed without a result (never run) and for lines stored before results were numbered.
     Column("done_seq", BigInteger),
+    # When the write that numbered it stored it (Unix seconds, the worker's clock); null for
+    # results stored before times were kept. ``GET /v1/batches/{id}/progress`` reads it.
+    Column("done_at", Float),
     # Claims read queued lines of one chunk: (batch_id, state = 0, idx range).
     Index("ix_items_claim", "batch_id", "state", "idx"),
     # Results read while a batch runs (GET /v1/batches/{id}/results), in the order stored.
@@ -398,5 +401,28 @@ singletons = Table(
     metadata,
     Column("name", String(32), primary_key=True),
     Column("holder", String(32), nullable=False),
+    Column("until", Float, nullable=False),
+)
+
+# Each worker's view of its engines (domain/engine_health.py), so that API processes without a
+# worker show engine health too. Written when a health check changes what it says and at every
+# lease heartbeat; a row whose ``until`` passed belongs to a worker that stopped reporting.
+engine_health = Table(
+    "engine_health",
+    metadata,
+    Column("worker", Text, primary_key=True),
+    Column("engine", Text, primary_key=True),
+    Column("url", Text),
+    Column("models", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("last_error", Text),
+    Column("since", Float, nullable=False),
+    Column("checked_at", Float),
+    Column("in_flight", Integer, nullable=False),
+    Column("max_concurrency", Integer, nullable=False),
+    Column("concurrency_limit", Integer, nullable=False),
+    Column("mode", String(16), nullable=False),
+    Column("signal", String(16), nullable=False),
+    Column("pressure", Float, nullable=False),
     Column("until", Float, nullable=False),
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
@@ -12,6 +11,8 @@ from starlette.responses import Response
 from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import list_object, model_object
+from backfill.adapters.http.responses import json_response
+from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import Endpoint
 from backfill.domain.records import ApiKey, Ledger, Org
@@ -40,10 +41,6 @@ def require_admin(request: Request) -> None:
 
 Admin = Annotated[None, Depends(require_admin)]
 Svc = Annotated[Services, Depends(services)]
-
-
-def _json(data: Any) -> Response:
-    return Response(orjson.dumps(data), media_type="application/json")
 
 
 # Names and amounts are checked by the services (printable, lengths, money caps) so the CLI
@@ -136,72 +133,102 @@ def key_object(key: ApiKey) -> dict[str, Any]:
 
 @router.post("/orgs")
 async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
-    return _json(org_object(await svc.tenants.create_org(body.name)))
+    return json_response(org_object(await svc.tenants.create_org(body.name)))
 
 
 @router.get("/orgs/{name}")
 async def get_org(name: str, _: Admin, svc: Svc) -> Response:
-    return _json(org_object(await svc.tenants.org(name)))
+    return json_response(org_object(await svc.tenants.org(name)))
 
 
 @router.patch("/orgs/{name}")
 async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
-    return _json(org_object(await svc.tenants.set_weight(name, body.weight)))
+    return json_response(org_object(await svc.tenants.set_weight(name, body.weight)))
 
 
 @router.post("/keys")
 async def create_key(body: KeyIn, _: Admin, svc: Svc) -> Response:
     made = await svc.tenants.new_key(body.org, frozenset(body.scopes), body.name)
-    return _json({"key": made.secret, **key_object(made.key)})
+    return json_response({"key": made.secret, **key_object(made.key)})
 
 
 @router.get("/orgs/{name}/keys")
 async def list_keys(name: str, _: Admin, svc: Svc) -> Response:
     keys = await svc.tenants.keys(name)
-    return _json(list_object([key_object(k) for k in keys], False))
+    return json_response(list_object([key_object(k) for k in keys], False))
 
 
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: str, _: Admin, svc: Svc) -> Response:
-    return _json(key_object(await svc.tenants.revoke_key(key_id)))
+    return json_response(key_object(await svc.tenants.revoke_key(key_id)))
 
 
 @router.post("/credits")
 async def add_credit(body: CreditIn, _: Admin, svc: Svc) -> Response:
     # The answer is what the crediting transaction committed: no second read that could fail
     # after the money is in and tempt a retry that credits twice.
-    return _json(ledger_object(body.org, await svc.billing.credit(body.org, body.usd, body.note)))
+    return json_response(
+        ledger_object(body.org, await svc.billing.credit(body.org, body.usd, body.note))
+    )
 
 
 @router.get("/orgs/{name}/ledger")
 async def ledger(name: str, _: Admin, svc: Svc) -> Response:
     org = await svc.tenants.org(name)
-    return _json(ledger_object(name, await svc.billing.ledger(org.id)))
+    return json_response(ledger_object(name, await svc.billing.ledger(org.id)))
 
 
 @router.get("/models")
 async def list_models(_: Admin, svc: Svc) -> Response:
     models = await svc.catalog.all()
-    return _json(list_object([model_object(m) for m in models], False))
+    return json_response(list_object([model_object(m) for m in models], False))
 
 
 @router.put("/models/{model_id:path}")
 async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
     spec = ModelSettings(id=model_id, **body.model_dump())
-    return _json(model_object(await svc.catalog.put(catalog_model_from(spec))))
+    return json_response(model_object(await svc.catalog.put(catalog_model_from(spec))))
 
 
 @router.put("/deployments/{deployment_id:path}")
 async def put_deployment(deployment_id: str, body: DeploymentIn, _: Admin, svc: Svc) -> Response:
     org = await svc.tenants.org(body.org)
     spec = DeploymentSettings(id=deployment_id, **body.model_dump())
-    return _json(model_object(await svc.catalog.put(catalog_model_from(spec, org.id))))
+    return json_response(model_object(await svc.catalog.put(catalog_model_from(spec, org.id))))
+
+
+def engine_object(report: EngineReport) -> dict[str, Any]:
+    """One engine as one live worker sees it (docs/api.md, "Admin: engines")."""
+    healthy = report.state == EngineState.UP
+
+    def stamp(ts: float | None) -> int | None:
+        return None if ts is None else int(ts)
+
+    return {
+        "id": report.engine,
+        "object": "engine",
+        "worker": report.worker,
+        "url": report.url,
+        "models": list(report.models),
+        "healthy": healthy,
+        "state": report.state.value,
+        "last_error": report.last_error,
+        "checked_at": stamp(report.checked_at),
+        "healthy_since": stamp(report.since) if healthy else None,
+        "down_since": stamp(report.since) if report.state == EngineState.DOWN else None,
+        "in_flight": report.in_flight,
+        "max_concurrency": report.max_concurrency,
+        "mode": report.mode,
+        "concurrency_limit": report.concurrency_limit,
+        "signal": report.signal,
+        "pressure": report.pressure,
+    }
 
 
 @router.get("/engines")
-async def list_engines(request: Request, _: Admin) -> Response:
-    status = request.app.state.engine_status
-    return _json(list_object(status() if status else [], False))
+async def list_engines(_: Admin, svc: Svc) -> Response:
+    engines = await svc.operations.engines()
+    return json_response(list_object([engine_object(e) for e in engines], False))
 
 
 # ---- notifications (docs/notifications.md) ------------------------------------------------
@@ -239,37 +266,41 @@ def secret_object(org: str, signing: SigningSecret) -> dict[str, Any]:
 
 @router.get("/orgs/{name}/webhook_secret")
 async def get_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
-    return _json(secret_object(name, await svc.notifications.signing_secret(name)))
+    return json_response(secret_object(name, await svc.notifications.signing_secret(name)))
 
 
 @router.post("/orgs/{name}/webhook_secret/rotate")
 async def rotate_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
-    return _json(secret_object(name, await svc.notifications.signing_secret(name, rotate=True)))
+    return json_response(
+        secret_object(name, await svc.notifications.signing_secret(name, rotate=True))
+    )
 
 
 @router.post("/orgs/{name}/webhooks")
 async def add_webhook(name: str, body: EndpointIn, _: Admin, svc: Svc) -> Response:
     endpoint = await svc.notifications.add_endpoint(name, body.url, body.events)
-    return _json(endpoint_object(endpoint))
+    return json_response(endpoint_object(endpoint))
 
 
 @router.get("/orgs/{name}/webhooks")
 async def list_webhooks(name: str, _: Admin, svc: Svc) -> Response:
     endpoints = await svc.notifications.endpoints(name)
-    return _json(list_object([endpoint_object(e) for e in endpoints], False))
+    return json_response(list_object([endpoint_object(e) for e in endpoints], False))
 
 
 @router.delete("/orgs/{name}/webhooks/{endpoint_id}")
 async def remove_webhook(name: str, endpoint_id: str, _: Admin, svc: Svc) -> Response:
     await svc.notifications.remove_endpoint(name, endpoint_id)
-    return _json({"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True})
+    return json_response({"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True})
 
 
 @router.get("/orgs/{name}/notifications")
 async def get_notify_email(name: str, _: Admin, svc: Svc) -> Response:
-    return _json({"org": name, "email": await svc.notifications.email(name)})
+    return json_response({"org": name, "email": await svc.notifications.email(name)})
 
 
 @router.put("/orgs/{name}/notifications")
 async def set_notify_email(name: str, body: EmailIn, _: Admin, svc: Svc) -> Response:
-    return _json({"org": name, "email": await svc.notifications.set_email(name, body.email)})
+    return json_response(
+        {"org": name, "email": await svc.notifications.set_email(name, body.email)}
+    )

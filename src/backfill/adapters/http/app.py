@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from backfill import __version__
+from backfill.adapters.http.account import router as account_router
 from backfill.adapters.http.admin import router as admin_router
+from backfill.adapters.http.admin_views import router as admin_views_router
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
+from backfill.adapters.http.dashboard import router as dashboard_router
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
 from backfill.adapters.http.guard import EdgeGuard
+from backfill.adapters.http.openapi import document
+from backfill.adapters.http.progress_routes import router as progress_router
 from backfill.adapters.http.reruns import router as reruns_router
 from backfill.adapters.http.results_routes import router as results_router
 from backfill.adapters.http.routes import router
@@ -28,7 +32,6 @@ def create_app(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     *,
     settings: Settings,
-    engine_status: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     admin_token = settings.admin_token
 
@@ -51,10 +54,11 @@ def create_app(
         # scripts from a CDN into the API's origin, so they are not served.
         docs_url=None,
         redoc_url=None,
+        # Served below, completed with the bodies and answers FastAPI cannot infer.
+        openapi_url=None,
     )
     app.state.services = services
     app.state.admin_token = admin_token
-    app.state.engine_status = engine_status
     install_error_handlers(app)
     brake = None
     if settings.auth_failure_limit > 0:
@@ -69,8 +73,18 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(router)
     app.include_router(results_router)
+    app.include_router(progress_router)
     app.include_router(reruns_router)
     app.include_router(admin_router)
+    app.include_router(account_router)
+    app.include_router(admin_views_router)
+    app.include_router(dashboard_router)
+
+    openapi = document(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(openapi())
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:

@@ -66,6 +66,12 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
         "estimated_completion_at": (
             b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
         ),
+        # Why it makes no progress now: no healthy engine serves its model (docs/api.md).
+        "waiting_on": (
+            {"code": w.code, "message": w.message, "since": w.since}
+            if (w := b.waiting_on) is not None
+            else None
+        ),
     }
 
 
@@ -106,6 +112,11 @@ def model_object(m: CatalogModel) -> dict[str, Any]:
     return data
 
 
+def money_object(pico: int) -> dict[str, str]:
+    """An amount as receipts show it: exact picodollars and the same in USD."""
+    return {"unit": "picousd", "value": str(pico), "usd": pico_to_usd(pico)}
+
+
 def receipt_object(r: Receipt) -> dict[str, Any]:
     return {
         "object": "receipt",
@@ -124,7 +135,7 @@ def receipt_object(r: Receipt) -> dict[str, Any]:
         "pricing": r.prices.as_api() if r.prices else None,
         "gpu_count": r.gpu_count,
         "gpu_ms": r.gpu_ms,
-        "amount": {"unit": "picousd", "value": str(r.amount), "usd": pico_to_usd(r.amount)},
+        "amount": money_object(r.amount),
         "started_at": r.started_at,
         "created_at": r.created_at,
     }

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.presenters import batch_object
 from backfill.adapters.http.requests import FIELD_RULES
+from backfill.adapters.http.responses import json_response
 from backfill.domain.decode_errors import Broken, explain
 from backfill.domain.reruns import RETRY_FIELDS, RetryBatchRequest
 from backfill.errors import InvalidInput
@@ -22,10 +23,6 @@ from backfill.services.tenants import WRITE, Principal
 router = APIRouter(prefix="/v1")
 Caller = Annotated[Principal, Depends(principal)]
 Svc = Annotated[Services, Depends(services)]
-
-
-def _json(data: Any) -> Response:
-    return Response(orjson.dumps(data), media_type="application/json")
 
 
 def retry_batch_request(batch_id: str, raw: bytes) -> tuple[RetryBatchRequest, str]:
@@ -81,11 +78,11 @@ async def retry_batch(
     caller.require(WRITE)
     body, request_hash = retry_batch_request(batch_id, await request.body())
     batch, _ = await svc.reruns.retry(caller.org_id, batch_id, body, idempotency_key, request_hash)
-    return _json(batch_object(batch))
+    return json_response(batch_object(batch))
 
 
 @router.delete("/batches/{batch_id}", summary="Delete an ended batch and its content")
 async def delete_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     deleted = await svc.reruns.delete(caller.org_id, batch_id)
-    return _json({"id": deleted, "object": "batch.deleted", "deleted": True})
+    return json_response({"id": deleted, "object": "batch.deleted", "deleted": True})

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import Response
 
@@ -20,6 +19,7 @@ from backfill.adapters.http.presenters import (
     receipt_object,
 )
 from backfill.adapters.http.requests import create_batch_request
+from backfill.adapters.http.responses import json_response
 from backfill.errors import InvalidInput
 from backfill.services.bundle import Services
 from backfill.services.files import parse_expires_after
@@ -28,10 +28,6 @@ from backfill.services.tenants import READ, WRITE, Principal
 router = APIRouter(prefix="/v1")
 Caller = Annotated[Principal, Depends(principal)]
 Svc = Annotated[Services, Depends(services)]
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
 @router.post("/files", summary="Upload a batch input file (validated whole before the reply)")
@@ -55,7 +51,7 @@ async def upload_file(request: Request, caller: Caller, svc: Svc) -> Response:
     except BaseException:
         await upload.abort()
         raise
-    return _json(file_object(record))
+    return json_response(file_object(record))
 
 
 @router.get("/files", summary="List files, newest first")
@@ -69,20 +65,20 @@ async def list_files(
 ) -> Response:
     caller.require(READ)
     page = await svc.files.list_files(caller.org_id, purpose, after, limit, order)
-    return _json(list_object([file_object(f) for f in page.items], page.has_more))
+    return json_response(list_object([file_object(f) for f in page.items], page.has_more))
 
 
 @router.get("/files/{file_id}", summary="Retrieve a file object")
 async def get_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
-    return _json(file_object(await svc.files.get(caller.org_id, file_id)))
+    return json_response(file_object(await svc.files.get(caller.org_id, file_id)))
 
 
 @router.delete("/files/{file_id}", summary="Delete a file and its content")
 async def delete_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     record = await svc.files.delete(caller.org_id, file_id)
-    return _json({"id": record.id, "object": "file", "deleted": True})
+    return json_response({"id": record.id, "object": "file", "deleted": True})
 
 
 # Two routes, one handler: each method gets its own OpenAPI operation id.
@@ -119,7 +115,7 @@ async def create_batch(
     caller.require(WRITE)
     body, request_hash = create_batch_request(await request.body())
     batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key, request_hash)
-    return _json(batch_object(batch))
+    return json_response(batch_object(batch))
 
 
 @router.get("/batches", summary="List batches, newest first")
@@ -128,19 +124,19 @@ async def list_batches(
 ) -> Response:
     caller.require(READ)
     page = await svc.batches.list(caller.org_id, after, limit)
-    return _json(list_object([batch_object(b) for b in page.items], page.has_more))
+    return json_response(list_object([batch_object(b) for b in page.items], page.has_more))
 
 
 @router.get("/batches/{batch_id}", summary="Retrieve a batch")
 async def get_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
-    return _json(batch_object(await svc.batches.get(caller.org_id, batch_id)))
+    return json_response(batch_object(await svc.batches.get(caller.org_id, batch_id)))
 
 
 @router.post("/batches/{batch_id}/cancel", summary="Cancel a batch")
 async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
-    return _json(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
+    return json_response(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
 
 
 @router.get(
@@ -150,17 +146,17 @@ async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
 async def batch_notifications(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     sent = await svc.notifications.deliveries(caller.org_id, batch_id)
-    return _json(list_object([notification_object(n) for n in sent], False))
+    return json_response(list_object([notification_object(n) for n in sent], False))
 
 
 @router.get("/models", summary="The model catalog (with this org's private deployments)")
 async def list_models(caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     models = await svc.catalog.all(caller.org_id)
-    return _json(list_object([model_object(m) for m in models], False))
+    return json_response(list_object([model_object(m) for m in models], False))
 
 
 @router.get("/receipts/{request_id}", summary="What one request was charged")
 async def get_receipt(request_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
-    return _json(receipt_object(await svc.billing.receipt(caller.org_id, request_id)))
+    return json_response(receipt_object(await svc.billing.receipt(caller.org_id, request_id)))

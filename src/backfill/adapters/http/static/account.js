@@ -1,0 +1,94 @@
+// The org's credit and its ledger: credits added and what each batch was charged.
+
+import { ApiError, getJson, query } from "./api.js";
+import { apiMessage, h, replace, statusBadge, time, usd } from "./dom.js";
+
+const PAGE = 20;
+const history = [];
+
+function entryRow(entry) {
+  const what =
+    entry.type === "credit"
+      ? [h("strong", {}, "Credit"), entry.note ? [h("br"), h("small", {}, entry.note)] : null]
+      : [
+          h("a", { href: `#/batch/${encodeURIComponent(entry.batch_id)}` }, entry.batch_id),
+          h("br"),
+          h("small", { class: "muted" }, entry.model || ""),
+          " ",
+          entry.batch_status ? statusBadge(entry.batch_status) : null,
+        ];
+  return h(
+    "tr",
+    { "data-entry": entry.id },
+    h("td", { "data-label": "Date" }, time(entry.created_at)),
+    h("td", { "data-label": "Entry" }, what),
+    h("td", { "data-label": "Amount", class: "num" }, usd(entry.amount.usd)),
+    h("td", { "data-label": "Reserved", class: "num" }, entry.reserved && entry.reserved.value !== "0" ? usd(entry.reserved.usd) : "—"),
+  );
+}
+
+export function accountView(root, context, params) {
+  const after = params.get("after") || null;
+  if (!after) history.length = 0;
+  const credit = h("div", { id: "credit" }, h("p", { class: "muted" }, "Loading…"));
+  const tbody = h("tbody");
+  const message = h("div", { class: "message-area" });
+  const previous = h("button", { type: "button", disabled: !after }, "Previous");
+  const next = h("button", { type: "button", disabled: true }, "Next");
+  replace(
+    root,
+    h("h1", {}, "Credit"),
+    credit,
+    h("h2", {}, "Ledger"),
+    h("p", { class: "muted" }, "Credits added, and what each batch was charged so far (and still holds reserved while it runs). GPU time of private deployments is in the totals above."),
+    message,
+    h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: "responsive ledger" },
+        h("thead", {}, h("tr", {}, ["Date", "Entry", "Amount", "Reserved"].map((c) => h("th", { scope: "col" }, c)))),
+        tbody,
+      ),
+    ),
+    h("nav", { class: "pager", "aria-label": "Pages" }, previous, next),
+  );
+  let nextCursor = null;
+  previous.addEventListener("click", () => {
+    location.hash = `#/account${query({ after: history.pop() ?? null })}`;
+  });
+  next.addEventListener("click", () => {
+    history.push(after);
+    location.hash = `#/account${query({ after: nextCursor })}`;
+  });
+
+  (async () => {
+    try {
+      const org = await getJson("/v1/organization");
+      const c = org.credit;
+      replace(
+        credit,
+        h("p", {}, "Organization ", h("strong", {}, org.name), " ", h("small", { class: "muted" }, org.id)),
+        h(
+          "dl",
+          { class: "tiles" },
+          [
+            ["Available", c.available, "available"],
+            ["Balance", c.balance, "balance"],
+            ["Reserved by running batches", c.reserved, "reserved"],
+            ["Credits, all time", c.credits, "credits"],
+            ["Charges, all time", c.charges, "charges"],
+          ].map(([label, value, name]) => h("div", { class: "tile" }, h("dt", {}, label), h("dd", { "data-credit": name }, usd(value)))),
+        ),
+      );
+      const page = await getJson(`/v1/organization/ledger${query({ limit: PAGE, after })}`);
+      replace(tbody, page.data.length ? page.data.map(entryRow) : h("tr", {}, h("td", { colspan: 4 }, "No entries.")));
+      nextCursor = page.has_more ? page.last_id : null;
+      next.disabled = !nextCursor;
+    } catch (error) {
+      if (error instanceof ApiError) replace(message, apiMessage(error, "The ledger could not be read."));
+      else throw error;
+    }
+  })();
+}
