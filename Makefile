@@ -2,6 +2,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+# What `make test` announces before the suite starts (pytest shows its own progress).
+SUITE_TESTS := 1,800
+SUITE_MINUTES := 20–25
 
 .PHONY: up test check lint fmt bench bench-drain-curve clean
 
@@ -11,28 +14,41 @@ STAMP := $(VENV)/.installed
 # its first real batch. The pip cache is bypassed so a natively built wheel is never reused.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
+# scripts/build_venv.py runs the same pip commands in numbered steps, with the build's progress
+# and a log at $(VENV)/build.log (its tail is printed if a step fails).
 $(STAMP): pyproject.toml Makefile
-	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps \
-		"$$(grep -o 'llama-cpp-python[^"]*' pyproject.toml)"
-	$(PIP) install -q -e '.[dev,local-engine]'
-	touch $(STAMP)
+	@python3 scripts/build_venv.py --venv $(VENV) --cmake-args="$(LLAMA_CMAKE_ARGS)"
+	@touch $(STAMP)
 
 up: $(STAMP)
 	$(VENV)/bin/backfill up
 
 check: $(STAMP)
-	$(VENV)/bin/ruff format --check src tests bench
-	$(VENV)/bin/ruff check src tests bench
+	@echo "Checking (ruff format, ruff, mypy, import-linter)…"
+	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format src tests bench
-	$(VENV)/bin/ruff check --fix src tests bench
+	$(VENV)/bin/ruff format src tests bench scripts
+	$(VENV)/bin/ruff check --fix src tests bench scripts
 
-test: check
+# The Node tests' packages, installed again whenever their lock file changes. The stamp is our
+# own file: npm ci replaces node_modules, and writes nothing there for a package without deps.
+NODE_DIR := tests/e2e/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.backfill-installed
+
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json
+	@if command -v npm >/dev/null; then \
+		echo "Installing the Node test packages (npm ci in $(NODE_DIR))…"; \
+		npm ci --no-audit --no-fund --prefix $(NODE_DIR) && mkdir -p $(@D) && touch $@; \
+	else \
+		echo "npm is not installed: the Node tests will skip (apt-get install nodejs npm)."; \
+	fi
+
+test: check $(if $(wildcard $(NODE_DIR)/package-lock.json),$(NODE_STAMP))
+	@echo "Running the suite: about $(SUITE_TESTS) tests, $(SUITE_MINUTES) minutes on 2 cores."
 	$(VENV)/bin/pytest
 
 # Each script prints its figures as ratios against a baseline measured in the same run.

@@ -69,3 +69,74 @@ def test_interrupted_run_resumes_the_same_batch(
         listed = client.get("/v1/batches").json()["data"]
     assert [b["id"] for b in listed] == [batch_id]
     assert (tmp_path / "slow.jsonl.retry.jsonl").read_text() == ""
+
+
+def _cli(server: ServerProcess, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "backfill.cli", "batch", *args],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            BACKFILL_API_KEY=server.key,
+            BACKFILL_BASE_URL=server.base_url,
+            COLUMNS="100",
+            **env,
+        ),
+        timeout=120,
+        check=False,
+    )
+
+
+def test_run_shows_speed_and_the_read_commands_print_ids_whole_and_json(
+    server_process: ServerProcess, tmp_path: Path
+) -> None:
+    source = tmp_path / "staggered.jsonl"
+    # Lines that end one after another, so the batch is seen running between polls.
+    source.write_bytes(
+        jsonl([chat_line(f"s-{i}", f"[[sim:delay_ms={400 * i}]]") for i in range(1, 9)])
+    )
+    # A terminal as far as rich can tell, so the progress line is drawn while it changes.
+    run = _cli(server_process, "run", str(source), TTY_COMPATIBLE="1", TTY_INTERACTIVE="1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "tok/s" in run.stderr
+    assert "ETA" in run.stderr
+    batch_id = json.loads((tmp_path / "staggered.jsonl.backfill.json").read_text())["batch_id"]
+
+    with server_process.client() as client:
+        listed = client.get("/v1/batches").json()
+        batch = client.get(f"/v1/batches/{batch_id}").json()
+
+    table = _cli(server_process, "list")
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert batch_id in table.stdout
+    assert "…" not in table.stdout
+    assert "8/8" in table.stdout
+
+    as_json = _cli(server_process, "list", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == listed
+
+    shown = _cli(server_process, "status", batch_id)
+    assert shown.returncode == 0, shown.stderr
+    assert batch_id in shown.stdout
+    assert "completed" in shown.stdout
+
+    status_json = _cli(server_process, "status", batch_id, "--json")
+    assert status_json.returncode == 0, status_json.stderr
+    assert json.loads(status_json.stdout) == batch
+
+
+def test_the_cli_reads_the_openai_sdk_variables(server_process: ServerProcess) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
+    env |= {"OPENAI_BASE_URL": server_process.base_url, "OPENAI_API_KEY": server_process.key}
+    listed = subprocess.run(
+        [sys.executable, "-m", "backfill.cli", "batch", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert json.loads(listed.stdout)["object"] == "list"

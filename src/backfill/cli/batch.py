@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,22 +26,36 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from backfill.cli.common import JsonOpt, print_json
 from backfill.cli.follow import UNAVAILABLE, ResultFollower
-from backfill.domain.lifecycle import TERMINAL
+from backfill.cli.rates import Throughput, format_eta, format_rate, sample_of, seconds_left
+from backfill.domain.lifecycle import TERMINAL, BatchStatus
 
 app = typer.Typer(help="Run and inspect batches.", no_args_is_help=True)
 console = Console(stderr=True)
 
+DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
 BaseUrl = Annotated[
     str, typer.Option(envvar="BACKFILL_BASE_URL", help="API base URL, ending in /v1.")
 ]
+# The OpenAI SDKs' key too, so one pair of exports serves the SDK and the CLI.
 ApiKey = Annotated[str, typer.Option(envvar=["BACKFILL_API_KEY", "OPENAI_API_KEY"], help="Key.")]
+
+
+def base_url_for(base_url: str, api_key: str, env: Mapping[str, str]) -> str:
+    """``OPENAI_BASE_URL`` is followed only with the key of the same pair, ``OPENAI_API_KEY``:
+    a Backfill key is never sent where those variables point for another service."""
+    pair_url = env.get("OPENAI_BASE_URL")
+    from_pair = not env.get("BACKFILL_API_KEY") and api_key == env.get("OPENAI_API_KEY")
+    if pair_url and from_pair and base_url == DEFAULT_BASE_URL and "BACKFILL_BASE_URL" not in env:
+        return pair_url
+    return base_url
 
 
 class Client:
     def __init__(self, base_url: str, api_key: str) -> None:
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
+            base_url=base_url_for(base_url, api_key, os.environ).rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(600.0, connect=10.0),
         )
@@ -163,28 +177,51 @@ def _poll(client: Client, batch_id: str, follower: ResultFollower | None = None)
     ``follower.complete`` says afterwards whether the rows came that way."""
     with Progress(
         TextColumn("{task.fields[status]}", style="bold", markup=False),
-        BarColumn(),
+        BarColumn(bar_width=30),
         MofNCompleteColumn(),
         TextColumn("failed {task.fields[failed]}"),
+        TextColumn("{task.fields[rate]}", markup=False),
+        TextColumn("{task.fields[eta]}", markup=False),
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        task = progress.add_task("batch", total=None, status="validating", failed=0)
+        task = progress.add_task(
+            "batch", total=None, status="validating", failed=0, rate="", eta=""
+        )
+        throughput = Throughput()
         while True:
             batch = client.json("GET", f"/batches/{batch_id}")
             counts = batch["request_counts"]
+            throughput.observe(sample_of(batch, time.monotonic()))
+            rate, eta = _speed(batch, throughput)
             progress.update(
                 task,
                 total=counts["total"] or None,
                 completed=counts["completed"] + counts["failed"],
                 status=batch["status"],
                 failed=counts["failed"],
+                rate=rate,
+                eta=eta,
             )
             if follower is not None and not follower.catch_up():
                 follower = None  # the published files will be downloaded instead
             if batch["status"] in TERMINAL:
                 return batch
             time.sleep(1.0)
+
+
+def _speed(batch: dict[str, Any], throughput: Throughput) -> tuple[str, str]:
+    """The progress line's tokens/s and ETA; both only while lines run."""
+    if batch["status"] != BatchStatus.IN_PROGRESS:
+        return "", ""
+    counts = batch["request_counts"]
+    left = seconds_left(
+        remaining_lines=counts["total"] - counts["completed"] - counts["failed"],
+        lines_per_s=throughput.lines_per_s,
+        estimated_completion_at=batch.get("estimated_completion_at"),
+        now=time.time(),
+    )
+    return format_rate(throughput.tokens_per_s), format_eta(left)
 
 
 def _download(client: Client, file_id: str | None, target: Path) -> None:
@@ -220,7 +257,7 @@ def _reconcile(file: Path, results: Path, retry: Path) -> tuple[int, int]:
 @app.command()
 def run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Input JSONL.")],
-    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    base_url: BaseUrl = DEFAULT_BASE_URL,
     api_key: ApiKey = "",
     model: Annotated[str | None, typer.Option(help="Use this model for every line.")] = None,
     out: Annotated[Path | None, typer.Option(help="Results file.")] = None,
@@ -287,10 +324,20 @@ def run(
         keep({"complete": True, "out": str(out), "errors": str(errors)} | _lengths(out, errors))
     retry = file.with_name(file.name + ".retry.jsonl")
     ok, remaining = _reconcile(file, out, retry)
-    table = Table(title=Text(f"Batch {batch['id']}: {batch['status']}"))
-    for column in ("succeeded", "to retry", "results", "errors", "retry file"):
-        table.add_column(column)
-    table.add_row(*(Text(str(v)) for v in (ok, remaining, out, errors, retry)))
+    console.print(
+        Text.assemble(
+            "Batch ",
+            (batch["id"], "bold"),
+            f": {batch['status']}, ",
+            f"{ok:,} succeeded, {remaining:,} to retry",
+        )
+    )
+    # Paths whole, one a line, however narrow the terminal: they are what gets opened next.
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for name, path in (("results", out), ("errors", errors), ("retry file", retry)):
+        table.add_row(f"  {name}", Text(str(path)))
     console.print(table)
 
 
@@ -305,16 +352,56 @@ def _endpoint(file: Path) -> str:
 
 @app.command()
 def status(
-    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
+    batch_id: str,
+    base_url: BaseUrl = DEFAULT_BASE_URL,
+    api_key: ApiKey = "",
+    json_: JsonOpt = False,
 ) -> None:
-    """Show one batch."""
-    typer.echo(json.dumps(Client(base_url, api_key).json("GET", f"/batches/{batch_id}"), indent=2))
+    """Show one batch: its state, counts, tokens and files (--json: the API's batch object)."""
+    batch = Client(base_url, api_key).json("GET", f"/batches/{batch_id}")
+    if json_:
+        print_json(batch)
+        return
+    Console().print(_summary(batch))
+
+
+def _summary(batch: dict[str, Any]) -> Table:
+    counts, usage = batch["request_counts"], batch.get("usage") or {}
+    ended = counts["completed"] + counts["failed"]
+    rows: list[tuple[str, str | None]] = [
+        ("id", batch["id"]),
+        ("status", batch["status"]),
+        ("model", batch.get("model")),
+        ("endpoint", batch["endpoint"]),
+        ("lines", f"{ended:,}/{counts['total']:,} done, {counts['failed']:,} failed"),
+        (
+            "tokens",
+            f"{usage.get('input_tokens', 0):,} in, {usage.get('output_tokens', 0):,} out",
+        ),
+        ("created", _when(batch["created_at"])),
+        ("expires", _when(batch.get("expires_at"))),
+        ("estimated end", _when(batch.get("estimated_completion_at"))),
+        ("output file", batch.get("output_file_id")),
+        ("error file", batch.get("error_file_id")),
+        ("retry of", batch.get("retry_of")),
+    ]
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        if value:
+            table.add_row(name, Text(value))
+    for error in ((batch.get("errors") or {}).get("data")) or []:
+        table.add_row("error", Text(f"line {error.get('line')}: {error.get('message')}"))
+    return table
+
+
+def _when(unix: int | None) -> str | None:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix)) if unix else None
 
 
 @app.command()
-def cancel(
-    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
-) -> None:
+def cancel(batch_id: str, base_url: BaseUrl = DEFAULT_BASE_URL, api_key: ApiKey = "") -> None:
     """Cancel a batch."""
     batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/cancel", json={})
     typer.echo(f"{batch['id']}: {batch['status']}")
@@ -322,30 +409,58 @@ def cancel(
 
 @app.command("list")
 def list_(
-    base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = "", limit: int = 20
+    base_url: BaseUrl = DEFAULT_BASE_URL,
+    api_key: ApiKey = "",
+    limit: Annotated[int, typer.Option(help="How many batches, newest first.")] = 20,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this batch id (the previous page's last).")
+    ] = None,
+    json_: JsonOpt = False,
 ) -> None:
-    """List recent batches."""
-    data = Client(base_url, api_key).json("GET", "/batches", params={"limit": limit})["data"]
-    table = Table()
-    for column in ("id", "status", "done", "failed", "total", "created"):
-        table.add_column(column)
-    for b in data:
+    """List recent batches, newest first (--json: the API's list object)."""
+    params: dict[str, Any] = {"limit": limit} | ({"after": after} if after else {})
+    page = Client(base_url, api_key).json("GET", "/batches", params=params)
+    if json_:
+        print_json(page)
+        return
+    Console().print(_listing(page["data"], time.time()))
+    if page.get("has_more"):
+        console.print(Text(f"More: backfill batch list --after {page['last_id']}"))
+
+
+def _listing(batches: list[dict[str, Any]], now: float) -> Table:
+    """Ids whole, however narrow the terminal: they are what gets copied. The other columns
+    are short so the table fits 80 columns."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("id", no_wrap=True, min_width=max((len(b["id"]) for b in batches), default=2))
+    table.add_column("status", no_wrap=True)
+    table.add_column("done", justify="right", no_wrap=True)
+    table.add_column("failed", justify="right", no_wrap=True)
+    table.add_column("age", justify="right", no_wrap=True)
+    for b in batches:
         c = b["request_counts"]
         table.add_row(
             b["id"],
             b["status"],
-            str(c["completed"]),
-            str(c["failed"]),
-            str(c["total"]),
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(b["created_at"])),
+            f"{c['completed'] + c['failed']:,}/{c['total']:,}",
+            f"{c['failed']:,}",
+            _age(now - b["created_at"]),
         )
-    Console().print(table)
+    return table
+
+
+def _age(seconds: float) -> str:
+    """``45s``, ``12m``, ``3h``, ``2d``: how long ago, in the largest whole unit."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
 
 
 @app.command()
 def download(
     batch_id: str,
-    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    base_url: BaseUrl = DEFAULT_BASE_URL,
     api_key: ApiKey = "",
     out: Path = Path("results.jsonl"),
     errors: Path = Path("errors.jsonl"),
@@ -363,7 +478,7 @@ def download(
 @app.command()
 def retry(
     batch_id: str,
-    base_url: BaseUrl = "http://127.0.0.1:8080/v1",
+    base_url: BaseUrl = DEFAULT_BASE_URL,
     api_key: ApiKey = "",
     window: Annotated[
         str | None, typer.Option(help="Completion window of the rerun (default: the batch's).")
@@ -393,9 +508,7 @@ def retry(
 
 
 @app.command()
-def delete(
-    batch_id: str, base_url: BaseUrl = "http://127.0.0.1:8080/v1", api_key: ApiKey = ""
-) -> None:
+def delete(batch_id: str, base_url: BaseUrl = DEFAULT_BASE_URL, api_key: ApiKey = "") -> None:
     """Delete an ended batch's results and files (its receipts stay)."""
     deleted = Client(base_url, api_key).json("DELETE", f"/batches/{batch_id}")
     typer.echo(f"{deleted['id']}: deleted")

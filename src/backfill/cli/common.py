@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -57,9 +58,22 @@ def operator_errors() -> Iterator[None]:
 
 
 ConfigOpt = Annotated[Path | None, typer.Option(help="TOML settings file.")]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print the JSON object the API answers, for scripts."),
+]
 DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
 
 Action = Callable[["Backfill"], Awaitable[str]]
+
+
+def to_json(data: Any) -> str:
+    """What ``--json`` prints: the object the API answers, as it answers it, indented."""
+    return json.dumps(data, indent=2)
+
+
+def print_json(data: Any) -> None:
+    typer.echo(to_json(data))
 
 
 def admin_settings(config: Path | None, data: Path | None) -> Settings:

@@ -9,6 +9,9 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -17,6 +20,7 @@ import uvicorn
 
 from backfill.adapters.private import private_dir
 from backfill.cli import admin, batch
+from backfill.cli.banner import ready_banner, site
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.money import usd_to_pico
 from backfill.settings import Settings
@@ -68,7 +72,21 @@ async def _bootstrap(settings: Settings) -> str | None:
         return await backfill.services.tenants.bootstrap(credit=credit)
 
 
-def _serve(settings: Settings, role: str) -> None:
+class _Server(uvicorn.Server):
+    """Calls ``on_ready`` once it accepts connections, the app's start-up (engines) done."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # No await between here and the banner: it is printed before a request is served.
+        if self.started and self._on_ready is not None:
+            self._on_ready()
+
+
+def _serve(settings: Settings, role: str, on_ready: Callable[[], None] | None = None) -> None:
     from backfill.adapters.http.server import server_config
     from backfill.container import build
 
@@ -88,7 +106,7 @@ def _serve(settings: Settings, role: str) -> None:
             "the proxy.",
             settings.host,
         )
-    uvicorn.Server(server_config(backfill.app(), settings)).run()
+    _Server(server_config(backfill.app(), settings), on_ready).run()
 
 
 def _is_loopback(host: str) -> bool:
@@ -138,14 +156,20 @@ def up(
     _lock(settings.data_dir)
     with operator_errors():
         key = asyncio.run(_bootstrap(settings))
-    base = f"http://{settings.host}:{settings.port}/v1"
+    root = site(settings.host, settings.port)
     if key:
+        # Printed before serving too: a start killed while the engine loads must not lose it.
         typer.secho("Created organization 'default'. Its API key (shown once):", bold=True)
         typer.echo(f"\n    {key}\n")
-    typer.echo(f"Backfill is starting at {base} (data in {settings.data_dir}).")
-    typer.echo(f"  export OPENAI_BASE_URL={base}")
+
+    def ready() -> None:
+        program = sys.argv[0] if Path(sys.argv[0]).name == "backfill" else "backfill"
+        typer.echo(ready_banner(root=root, data_dir=settings.data_dir, key=key, program=program))
+
+    engine = " and its local engine" if settings.local_engine else ""
+    typer.echo(f"Starting Backfill{engine} at {root}/v1 (data in {settings.data_dir})...")
     with operator_errors():
-        _serve(settings, "all")
+        _serve(settings, "all", on_ready=ready)
 
 
 @app.command()

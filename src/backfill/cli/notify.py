@@ -1,14 +1,17 @@
 """``backfill admin webhook`` and ``backfill admin email``: an org's signing secret, its webhook
-endpoints for batch events, and where its terminal-state emails go (docs/notifications.md)."""
+endpoints for batch events, and where its terminal-state emails go (docs/notifications.md).
+
+With ``--json`` the read commands print the object the admin API answers for the same read
+(``GET /admin/v1/orgs/{name}/webhook_secret``, ``.../webhooks``, ``.../notifications``).
+"""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from backfill.cli.common import ConfigOpt, DataOpt, admin_settings, run_admin
+from backfill.cli.common import ConfigOpt, DataOpt, JsonOpt, admin_settings, run_admin, to_json
 from backfill.domain.notifications import EVENTS
 
 if TYPE_CHECKING:
@@ -35,12 +38,15 @@ def webhook_secret(
     ] = False,
     config: ConfigOpt = None,
     data: DataOpt = None,
+    json_: JsonOpt = False,
 ) -> None:
     """Print the org's webhook signing secret (whsec_...), made on first use."""
 
     async def action(b: Backfill) -> str:
+        from backfill.adapters.http.admin import secret_object
+
         signing = await b.services.notifications.signing_secret(org, rotate=rotate)
-        return signing.secret
+        return to_json(secret_object(org, signing)) if json_ else signing.secret
 
     run_admin(admin_settings(config, data), action)
 
@@ -55,27 +61,33 @@ def webhook_add(
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
-    """Register an endpoint for batch events; prints it as JSON."""
+    """Register an endpoint for batch events; prints it as JSON (the admin API's object)."""
 
     async def action(b: Backfill) -> str:
+        from backfill.adapters.http.admin import endpoint_object
+
         wanted = [e.strip() for e in events.split(",") if e.strip()]
         endpoint = await b.services.notifications.add_endpoint(org, url, wanted)
-        return json.dumps({"id": endpoint.id, "url": endpoint.url, "events": sorted(wanted)})
+        return to_json(endpoint_object(endpoint))
 
     run_admin(admin_settings(config, data), action)
 
 
 @webhook_app.command("list")
-def webhook_list(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> None:
-    """Print the org's endpoints, one JSON object per line."""
+def webhook_list(
+    org: OrgArg, config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
+) -> None:
+    """Print the org's endpoints: id, events and URL, one per line (--json: a list object)."""
 
     async def action(b: Backfill) -> str:
+        from backfill.adapters.http.admin import endpoint_object
+        from backfill.adapters.http.presenters import list_object
+
         endpoints = await b.services.notifications.endpoints(org)
+        if json_:
+            return to_json(list_object([endpoint_object(e) for e in endpoints], False))
         return (
-            "\n".join(
-                json.dumps({"id": e.id, "url": e.url, "events": sorted(e.events)})
-                for e in endpoints
-            )
+            "\n".join(f"{e.id}  {','.join(sorted(e.events))}  {e.url}" for e in endpoints)
             or f"Organization {org} has no webhook endpoints."
         )
 
@@ -127,11 +139,15 @@ def email_off(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> No
 
 
 @email_app.command("show")
-def email_show(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> None:
-    """Print where the org's batch emails go."""
+def email_show(
+    org: OrgArg, config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
+) -> None:
+    """Print where the org's batch emails go (--json: {"org", "email"}, email null when off)."""
 
     async def action(b: Backfill) -> str:
         address = await b.services.notifications.email(org)
+        if json_:
+            return to_json({"org": org, "email": address})
         return address or f"Organization {org} gets no batch emails."
 
     run_admin(admin_settings(config, data), action)
