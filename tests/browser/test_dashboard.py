@@ -4,7 +4,6 @@ a 375 px screen, the admin views. Each test saves screenshots (see ``Site.screen
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -13,17 +12,8 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import Site
+from tests.browser.playwright_api import Browser, FilePayload, Page, expect
 from tests.support import chat_line, jsonl, submit
-
-try:
-    from playwright.sync_api import Browser, FilePayload, Page, expect
-except ImportError as exc:  # a dev dependency: only a hand-made environment lacks it
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(
-        f"MISSING INFRASTRUCTURE (CI provides it): Playwright for Python ({exc})",
-        allow_module_level=True,
-    )
 
 pytestmark = pytest.mark.browser
 

@@ -5,24 +5,14 @@ malformed address shows the not-found view. A dialog, a script error or a consol
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.browser.conftest import Site
+from tests.browser.playwright_api import FilePayload, Page, Route, expect
 from tests.support import chat_line, jsonl, submit
-
-try:
-    from playwright.sync_api import FilePayload, Page, Route, expect
-except ImportError as exc:  # a dev dependency: only a hand-made environment lacks it
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(
-        f"MISSING INFRASTRUCTURE (CI provides it): Playwright for Python ({exc})",
-        allow_module_level=True,
-    )
 
 pytestmark = pytest.mark.browser
 

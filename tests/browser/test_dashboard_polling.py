@@ -4,24 +4,14 @@ visible batch has ended."""
 
 from __future__ import annotations
 
-import os
 import re
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.browser.conftest import Site
+from tests.browser.playwright_api import Page, Request, expect
 from tests.support import chat_line, submit
-
-try:
-    from playwright.sync_api import Page, Request, expect
-except ImportError as exc:  # a dev dependency: only a hand-made environment lacks it
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(
-        f"MISSING INFRASTRUCTURE (CI provides it): Playwright for Python ({exc})",
-        allow_module_level=True,
-    )
 
 pytestmark = pytest.mark.browser
 
