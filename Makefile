@@ -3,8 +3,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 # What `make test` announces before the suite starts (pytest shows its own progress).
-SUITE_TESTS := 1,800
-SUITE_MINUTES := 20–25
+SUITE_TESTS := 2,000
+SUITE_MINUTES := 12–25
 
 .PHONY: up test check lint fmt bench bench-drain-curve clean
 
