@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import pytest
+from sqlalchemy import case, event, text, update
 
+from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.catalog import Billing
-from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.lifecycle import BatchStatus, Outcome
 from backfill.domain.overview import BatchCharges, EntryKind, LedgerEntry, OrgAccount
 from backfill.domain.records import Admission, Org, Receipt, ReceiptKind
 from backfill.errors import InvalidInput
@@ -281,3 +284,40 @@ async def test_failed_results_are_the_failed_lines_only(store: SqlStore) -> None
     # Another org's batch reads as one with no failed lines.
     assert await store.failed_results(other.id, batch.id, -1, 100) == []
     assert await store.failed_results(org.id, "batch_unknown", -1, 100) == []
+
+
+async def test_failed_lines_are_read_on_their_partial_index(store: SqlStore) -> None:
+    """A batch of many successes and few failures: the count reads the failures only."""
+    org = await make_org(store)
+    batch = await make_batch(store, org, 20_000)
+    i = t.items
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            update(i)
+            .where(i.c.batch_id == batch.id)
+            .values(state=2, outcome=case((i.c.idx % 1000 == 7, Outcome.ERROR), else_=Outcome.OK))
+        )
+        await conn.execute(text("ANALYZE"))
+    sent: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        sent.append((statement, params))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        failed = await store.failed_results(org.id, batch.id, -1, 1000)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+    assert [r.idx for r in failed] == list(range(7, 20_000, 1000))
+    (statement, params), *_ = sent
+    async with store.engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver: Any = raw.driver_connection
+        if store.is_sqlite:
+            cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, params)
+            plan = "\n".join(str(row[-1]) for row in await cursor.fetchall())
+        else:
+            plan = "\n".join(row[0] for row in await driver.fetch("EXPLAIN " + statement, *params))
+    assert "ix_items_failed" in plan, plan
+    assert "Seq Scan on items" not in plan, plan
+    assert "SCAN items" not in plan, plan  # SQLite's walk over the table

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +23,6 @@ from tests.support import (
     SIM_MODEL,
     InProcess,
     chat_line,
-    free_port,
     in_process_backfill,
     jsonl,
 )
@@ -78,7 +78,11 @@ async def metric(bf: InProcess, name: str, label: str) -> float | None:
 async def test_a_down_engine_is_shown_everywhere_and_its_batch_resumes_when_it_answers(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
+    # Bound without listening: connections are refused, and no other process can take the
+    # port before the simulator starts on it.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = int(held.getsockname()[1])
     url = f"http://127.0.0.1:{port}/v1"
     async with in_process_backfill(tmp_path, url, admin_token=ADMIN["Authorization"][7:]) as bf:
         [down] = await eventually(lambda: engines(bf), lambda e: e[0]["checked_at"] is not None)
@@ -131,6 +135,7 @@ async def test_a_down_engine_is_shown_everywhere_and_its_batch_resumes_when_it_a
         finally:
             await api.store.close()
 
+        held.close()
         async with simulator_on(port):
             finished = await bf.wait(batch_id, timeout_s=30)
             assert finished["status"] == "completed"

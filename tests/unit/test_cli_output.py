@@ -117,14 +117,11 @@ def test_the_address_shown_is_one_a_browser_reaches(host: str, url: str) -> None
 
 def test_openai_base_url_is_followed_only_with_its_own_key() -> None:
     url = "https://gateway.example/v1"
-    assert (
-        base_url_for(DEFAULT_BASE_URL, "sk-1", {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "sk-1"})
-        == url
-    )
+    pair = {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "sk-1"}
+    assert base_url_for(None, "sk-1", pair) == url
     # A Backfill key is not sent where the OpenAI variables point.
-    env = {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "sk-1", "BACKFILL_API_KEY": "bf-2"}
-    assert base_url_for(DEFAULT_BASE_URL, "bf-2", env) == DEFAULT_BASE_URL
-    assert base_url_for(DEFAULT_BASE_URL, "bf-2", {"OPENAI_BASE_URL": url}) == DEFAULT_BASE_URL
-    # An explicit address wins.
-    env = {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "sk-1", "BACKFILL_BASE_URL": "x"}
-    assert base_url_for("http://other/v1", "sk-1", env) == "http://other/v1"
+    assert base_url_for(None, "bf-2", pair | {"BACKFILL_API_KEY": "bf-2"}) == DEFAULT_BASE_URL
+    assert base_url_for(None, "bf-2", {"OPENAI_BASE_URL": url}) == DEFAULT_BASE_URL
+    # An address given (option or BACKFILL_BASE_URL) wins, even one equal to the default.
+    assert base_url_for(DEFAULT_BASE_URL, "sk-1", pair) == DEFAULT_BASE_URL
+    assert base_url_for("http://other/v1", "sk-1", pair) == "http://other/v1"

@@ -36,24 +36,32 @@ console = Console(stderr=True)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
 BaseUrl = Annotated[
-    str, typer.Option(envvar="BACKFILL_BASE_URL", help="API base URL, ending in /v1.")
+    str | None,
+    typer.Option(
+        envvar="BACKFILL_BASE_URL",
+        help=f"API base URL, ending in /v1 (default {DEFAULT_BASE_URL}, or OPENAI_BASE_URL "
+        "with the key OPENAI_API_KEY).",
+        show_default=False,
+    ),
 ]
 # The OpenAI SDKs' key too, so one pair of exports serves the SDK and the CLI.
 ApiKey = Annotated[str, typer.Option(envvar=["BACKFILL_API_KEY", "OPENAI_API_KEY"], help="Key.")]
 
 
-def base_url_for(base_url: str, api_key: str, env: Mapping[str, str]) -> str:
-    """``OPENAI_BASE_URL`` is followed only with the key of the same pair, ``OPENAI_API_KEY``:
-    a Backfill key is never sent where those variables point for another service."""
+def base_url_for(base_url: str | None, api_key: str, env: Mapping[str, str]) -> str:
+    """``base_url`` as given (option or ``BACKFILL_BASE_URL``), else ``OPENAI_BASE_URL`` but only
+    with the key of the same pair, ``OPENAI_API_KEY``: a Backfill key is never sent where those
+    variables point for another service."""
+    if base_url is not None:
+        return base_url
     pair_url = env.get("OPENAI_BASE_URL")
-    from_pair = not env.get("BACKFILL_API_KEY") and api_key == env.get("OPENAI_API_KEY")
-    if pair_url and from_pair and base_url == DEFAULT_BASE_URL and "BACKFILL_BASE_URL" not in env:
+    if pair_url and not env.get("BACKFILL_API_KEY") and api_key == env.get("OPENAI_API_KEY"):
         return pair_url
-    return base_url
+    return DEFAULT_BASE_URL
 
 
 class Client:
-    def __init__(self, base_url: str, api_key: str) -> None:
+    def __init__(self, base_url: str | None, api_key: str) -> None:
         self._http = httpx.Client(
             base_url=base_url_for(base_url, api_key, os.environ).rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
@@ -257,7 +265,7 @@ def _reconcile(file: Path, results: Path, retry: Path) -> tuple[int, int]:
 @app.command()
 def run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Input JSONL.")],
-    base_url: BaseUrl = DEFAULT_BASE_URL,
+    base_url: BaseUrl = None,
     api_key: ApiKey = "",
     model: Annotated[str | None, typer.Option(help="Use this model for every line.")] = None,
     out: Annotated[Path | None, typer.Option(help="Results file.")] = None,
@@ -353,7 +361,7 @@ def _endpoint(file: Path) -> str:
 @app.command()
 def status(
     batch_id: str,
-    base_url: BaseUrl = DEFAULT_BASE_URL,
+    base_url: BaseUrl = None,
     api_key: ApiKey = "",
     json_: JsonOpt = False,
 ) -> None:
@@ -401,7 +409,7 @@ def _when(unix: int | None) -> str | None:
 
 
 @app.command()
-def cancel(batch_id: str, base_url: BaseUrl = DEFAULT_BASE_URL, api_key: ApiKey = "") -> None:
+def cancel(batch_id: str, base_url: BaseUrl = None, api_key: ApiKey = "") -> None:
     """Cancel a batch."""
     batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/cancel", json={})
     typer.echo(f"{batch['id']}: {batch['status']}")
@@ -409,7 +417,7 @@ def cancel(batch_id: str, base_url: BaseUrl = DEFAULT_BASE_URL, api_key: ApiKey 
 
 @app.command("list")
 def list_(
-    base_url: BaseUrl = DEFAULT_BASE_URL,
+    base_url: BaseUrl = None,
     api_key: ApiKey = "",
     limit: Annotated[int, typer.Option(help="How many batches, newest first.")] = 20,
     after: Annotated[
@@ -460,7 +468,7 @@ def _age(seconds: float) -> str:
 @app.command()
 def download(
     batch_id: str,
-    base_url: BaseUrl = DEFAULT_BASE_URL,
+    base_url: BaseUrl = None,
     api_key: ApiKey = "",
     out: Path = Path("results.jsonl"),
     errors: Path = Path("errors.jsonl"),
@@ -478,7 +486,7 @@ def download(
 @app.command()
 def retry(
     batch_id: str,
-    base_url: BaseUrl = DEFAULT_BASE_URL,
+    base_url: BaseUrl = None,
     api_key: ApiKey = "",
     window: Annotated[
         str | None, typer.Option(help="Completion window of the rerun (default: the batch's).")
@@ -508,7 +516,7 @@ def retry(
 
 
 @app.command()
-def delete(batch_id: str, base_url: BaseUrl = DEFAULT_BASE_URL, api_key: ApiKey = "") -> None:
+def delete(batch_id: str, base_url: BaseUrl = None, api_key: ApiKey = "") -> None:
     """Delete an ended batch's results and files (its receipts stay)."""
     deleted = Client(base_url, api_key).json("DELETE", f"/batches/{batch_id}")
     typer.echo(f"{deleted['id']}: deleted")

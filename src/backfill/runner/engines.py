@@ -286,14 +286,15 @@ class EnginePool:
             for e in engines
         ]
         self._tasks: list[asyncio.Task[None]] = []
-        self._moved = False
-        # Told after a round of health checks that changed what one of them says. It must not
-        # block: the worker's report writer stores the change from its own loop, so neither a
+        # Told when a health check changes what it says about an engine. It must not block: the worker's report writer stores the change from its own loop, so neither a
         # slow database nor stopping the watch can hold up the checks or cut a write short.
         self.on_health_change: Callable[[], None] | None = None
 
     def _health_moved(self) -> None:
-        self._moved = True
+        # Told at once, whoever found the change: the watch's round, a request that found the
+        # engine unreachable, an on-demand engine parked.
+        if self.on_health_change is not None:
+            self.on_health_change()
 
     def wake(self) -> None:
         self._woken.set()
@@ -324,9 +325,6 @@ class EnginePool:
             self._recheck.clear()
             for slot in self.slots:
                 await slot.check()
-            if self._moved and self.on_health_change is not None:
-                self._moved = False
-                self.on_health_change()
             # A parked engine is down on purpose: the others are not watched closer for it.
             healthy = all(s.healthy or s.parked for s in self.slots)
             with contextlib.suppress(TimeoutError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, case, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -184,8 +184,9 @@ class OverviewQueries(SqlBase):
         self, org_id: str, batch_id: str, after_idx: int, limit: int
     ) -> list[StoredResult]:
         i, b = t.items, t.batches
-        # Along the primary key (batch_id, idx); successful lines are passed over by their
-        # clear ``outcome`` column, in the database: their sealed rows are never sent here.
+        # Along the partial index ix_items_failed (batch_id, idx) WHERE outcome = 2: only
+        # failed lines are read. The outcome is a literal so both databases match the index's
+        # condition (a bound value would not).
         query = (
             select(i.c.idx, i.c.custom_id, i.c.result, i.c.error_code)
             .select_from(i.join(b, b.c.id == i.c.batch_id))
@@ -193,7 +194,7 @@ class OverviewQueries(SqlBase):
                 b.c.id == batch_id,
                 b.c.org_id == org_id,
                 i.c.batch_id == batch_id,
-                i.c.outcome == Outcome.ERROR,
+                i.c.outcome == literal_column(str(Outcome.ERROR)),
                 i.c.idx > after_idx,
             )
             .order_by(i.c.idx)

@@ -254,8 +254,9 @@ items = Table(
     # The order results were stored in, per batch (``batches.results_seq``); null for lines
     # closed without a result (never run) and for lines stored before results were numbered.
     Column("done_seq", BigInteger),
-    # When the write that numbered it stored it (Unix seconds, the worker's clock); null for
-    # results stored before times were kept. ``GET /v1/batches/{id}/progress`` reads it.
+    # When its request ended (Unix seconds, the worker's clock; the latest of the results a
+    # write stores together, so times never go back along done_seq); null for results
+    # stored before times were kept. ``GET /v1/batches/{id}/progress`` reads it.
     Column("done_at", Float),
     # Claims read queued lines of one chunk: (batch_id, state = 0, idx range).
     Index("ix_items_claim", "batch_id", "state", "idx"),
@@ -267,6 +268,16 @@ items = Table(
         "done_seq",
         sqlite_where=text("done_seq IS NOT NULL"),
         postgresql_where=text("done_seq IS NOT NULL"),
+    ),
+    # A batch's failed lines, for the count of its error codes: partial, so the count reads
+    # only failures however many lines succeeded. The query names the outcome as a literal;
+    # a bound value would keep both databases from matching the index's condition.
+    Index(
+        "ix_items_failed",
+        "batch_id",
+        "idx",
+        sqlite_where=text("outcome = 2"),
+        postgresql_where=text("outcome = 2"),
     ),
     # Expired leases are put back by a sweep that reads only leased lines.
     Index(
