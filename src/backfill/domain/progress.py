@@ -3,8 +3,9 @@
 Every stored result carries its number in the batch (``done_seq``: 1, 2, … in the order they
 were stored) and when its request ended by the worker's clock (``done_at``; the results a
 write stores together share the latest of their times, so times never go back along the
-numbers). So "``n`` results were done by time ``t``" is the time of result ``n``, and a curve of any length costs a
-lookup of a few numbers on the results index, however many lines the batch has.
+numbers). So "``n`` results were done by time ``t``" is the time of result ``n``, and a
+curve of any length costs a lookup of a few numbers on the results index, however many lines
+the batch has.
 """
 
 from __future__ import annotations

@@ -286,8 +286,9 @@ class EnginePool:
             for e in engines
         ]
         self._tasks: list[asyncio.Task[None]] = []
-        # Told when a health check changes what it says about an engine. It must not block: the worker's report writer stores the change from its own loop, so neither a
-        # slow database nor stopping the watch can hold up the checks or cut a write short.
+        # Told when a health check changes what it says about an engine. It must not block:
+        # the worker's report writer stores the change from its own loop, so neither a slow
+        # database nor stopping the watch can hold up the checks or cut a write short.
         self.on_health_change: Callable[[], None] | None = None
 
     def _health_moved(self) -> None:
