@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -86,6 +87,23 @@ def _cli(server: ServerProcess, *args: str, **env: str) -> subprocess.CompletedP
         timeout=120,
         check=False,
     )
+
+
+def test_a_saved_batch_this_server_does_not_know_is_named_with_what_to_do(
+    server_process: ServerProcess, tmp_path: Path
+) -> None:
+    source = tmp_path / "input.jsonl"
+    source.write_bytes(jsonl([chat_line("a")]))
+    state = tmp_path / "input.jsonl.backfill.json"
+    # As a run against another server (or a batch since deleted) leaves it.
+    saved = {"sha256": hashlib.sha256(source.read_bytes()).hexdigest(), "model": None}
+    state.write_text(json.dumps(saved | {"batch_id": "batch_elsewhere", "idempotency_key": "k"}))
+    ran = _cli(server_process, "run", str(source))
+    assert ran.returncode != 0
+    said = " ".join(ran.stderr.split())
+    assert "Batch batch_elsewhere" in said, said
+    assert "is not on" in said, said
+    assert f"Remove {state} to submit the file again" in said, said
 
 
 def test_run_shows_speed_and_the_read_commands_print_ids_whole_and_json(

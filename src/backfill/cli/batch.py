@@ -92,6 +92,10 @@ class Client:
             return response
         raise AssertionError("unreachable")
 
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url)
+
     def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = self.request(method, path, **kwargs).json()
         return data
@@ -307,6 +311,13 @@ def run(
         console.print(Text.assemble("Batch ", (batch["id"], "bold"), " created."))
     else:
         console.print(Text.assemble("Resuming batch ", (state["batch_id"], "bold"), "."))
+        found = client.request("GET", f"/batches/{state['batch_id']}", allow=(404,))
+        if found.status_code == 404:
+            _fail(
+                f"Batch {state['batch_id']}, saved in {state_file}, is not on "
+                f"{client.base_url} (another server, or deleted). Remove {state_file} to "
+                "submit the file again."
+            )
 
     def keep(results: dict[str, Any]) -> None:
         # Beside the batch id, so a rerun finds where the files stopped.
