@@ -74,6 +74,18 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in rows)
 
 
+def slow_sim_model() -> ModelSettings:
+    """The simulator's model published at 1 token/s, so capacity admission refuses early."""
+    return ModelSettings(
+        id=SIM_MODEL,
+        model_config_id="sim-model-v1",
+        context_length=4096,
+        max_output_tokens=1024,
+        batch=PricingSettings(input=100_000, output=400_000),
+        throughput_tokens_per_s=1,
+    )
+
+
 def sim_settings(data_dir: Path, sim_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": data_dir,

@@ -16,7 +16,15 @@ import httpx
 
 from backfill.domain.money import Prices, worst_case
 from backfill.settings import ModelSettings, PricingSettings
-from tests.support import SIM_MODEL, TERMINAL, InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import (
+    SIM_MODEL,
+    TERMINAL,
+    InProcess,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+    slow_sim_model,
+)
 
 NO_ENGINE_URL = "http://127.0.0.1:9/v1"
 # One picodollar per token per price unit: 1e12 uUSD per million tokens is 1 USD per token, so
@@ -157,14 +165,7 @@ async def test_retained_input_over_the_limit_is_refused_without_retry(tmp_path: 
 
 
 async def test_batch_beyond_model_throughput_is_refused_with_retry_after(tmp_path: Path) -> None:
-    slow_model = ModelSettings(
-        id=SIM_MODEL,
-        model_config_id="sim-model-v1",
-        context_length=4096,
-        max_output_tokens=1024,
-        batch=PricingSettings(input=100_000, output=400_000),
-        throughput_tokens_per_s=1,
-    )
+    slow_model = slow_sim_model()
     async with no_engine_backfill(tmp_path, models=[slow_model], min_completion_window_s=1) as bf:
         # 8 output tokens fit a 10 s window at 1 token/s; 16 (8 queued + 8 more) do not.
         file = await upload(bf, [chat_line("a", max_tokens=8)])

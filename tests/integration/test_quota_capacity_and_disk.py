@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from backfill.settings import ModelSettings, PricingSettings
 from tests.support import (
-    SIM_MODEL,
     InProcess,
     chat_line,
     create_pg_database,
     drop_pg_database,
     in_process_backfill,
     jsonl,
+    slow_sim_model,
     tmpfs,
 )
 
@@ -47,14 +46,7 @@ async def create(bf: InProcess, file_id: str, window: str = "24h", headers: Any 
 
 
 async def test_capacity_refusal_does_not_tell_other_orgs_queued_tokens(tmp_path: Path) -> None:
-    slow = ModelSettings(
-        id=SIM_MODEL,
-        model_config_id="sim-model-v1",
-        context_length=4096,
-        max_output_tokens=1024,
-        batch=PricingSettings(input=100_000, output=400_000),
-        throughput_tokens_per_s=1,
-    )
+    slow = slow_sim_model()
     async with in_process_backfill(
         tmp_path, NO_ENGINE_URL, engines=[], models=[slow], min_completion_window_s=1
     ) as bf:

@@ -17,7 +17,14 @@ import pytest
 
 from backfill.errors import StorageError
 from backfill.settings import ModelSettings, PricingSettings
-from tests.support import SIM_MODEL, InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import (
+    SIM_MODEL,
+    InProcess,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+    slow_sim_model,
+)
 
 NO_ENGINE_URL = "http://127.0.0.1:9/v1"
 ADMIN_TOKEN = "admin-secret-for-retry-tests"
@@ -55,14 +62,7 @@ async def test_too_many_unfinished_batches_fails_fast_without_a_wait(tmp_path: P
 
 
 async def test_capacity_fails_fast_with_its_estimate_in_retry_after(tmp_path: Path) -> None:
-    slow = ModelSettings(
-        id=SIM_MODEL,
-        model_config_id="sim-model-v1",
-        context_length=4096,
-        max_output_tokens=1024,
-        batch=PricingSettings(input=100_000, output=400_000),
-        throughput_tokens_per_s=1,
-    )
+    slow = slow_sim_model()
     async with queue_only(tmp_path, models=[slow], min_completion_window_s=1) as bf:
         refused = await bf.create(await upload(bf, 1, max_tokens=500), completion_window="100s")
         fails_fast(refused, 429, "capacity_exceeded")
