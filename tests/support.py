@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,8 @@ from backfill.domain.money import usd_to_pico
 from backfill.ports import Clock, Engine
 from backfill.settings import EngineSettings, ModelSettings, PricingSettings, Settings
 from bench.common import spawn_up
+
+T = TypeVar("T")
 
 SIM_MODEL = "sim-model"
 # Batch prices of the simulated model, microdollars per million tokens.
@@ -72,6 +74,19 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     import orjson
 
     return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+
+
+async def eventually(
+    read: Callable[[], Awaitable[T]], holds: Callable[[T], bool], timeout_s: float = 30
+) -> T:
+    """Read until ``holds`` is true of what was read (what is read changes on its own)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await read()
+        if holds(value):
+            return value
+        assert time.monotonic() < deadline, f"still {value!r}"
+        await asyncio.sleep(0.01)
 
 
 def slow_sim_model() -> ModelSettings:

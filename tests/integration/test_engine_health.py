@@ -5,14 +5,12 @@ batch finishes by itself."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
@@ -23,23 +21,12 @@ from tests.support import (
     SIM_MODEL,
     InProcess,
     chat_line,
+    eventually,
     in_process_backfill,
     jsonl,
 )
 
 ADMIN = {"Authorization": "Bearer admin-secret-for-engine-health"}
-T = TypeVar("T")
-
-
-async def eventually(read: Callable[[], Awaitable[T]], holds: Callable[[T], bool]) -> T:
-    """Read until ``holds`` is true of what was read (the health watch runs on its own)."""
-    deadline = time.monotonic() + 30
-    while True:
-        value = await read()
-        if holds(value):
-            return value
-        assert time.monotonic() < deadline, f"still {value!r}"
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager

@@ -5,9 +5,7 @@ gap after the last write, the latest state always; and stopping never cuts a wri
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import pytest
 
@@ -17,8 +15,7 @@ from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.runner.engine_reports import EngineReports, write_delay
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.loops import Loops
-
-T = TypeVar("T")
+from tests.support import eventually
 
 
 class SwitchableEngine(FakeEngine):
@@ -64,16 +61,6 @@ class Reports:
 
 def no_start(_slot: EngineSlot, _queued: Queued) -> None:
     raise AssertionError("no request runs in these tests")
-
-
-async def eventually(read: Callable[[], Awaitable[T]], holds: Callable[[T], bool]) -> T:
-    deadline = time.monotonic() + 30
-    while True:
-        value = await read()
-        if holds(value):
-            return value
-        assert time.monotonic() < deadline, f"still {value!r}"
-        await asyncio.sleep(0.01)
 
 
 class Writer:

@@ -7,7 +7,6 @@ same read (``GET /admin/v1/...``), so scripts see one shape wherever they read i
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,10 +22,10 @@ from backfill.cli.common import (
     DataOpt,
     JsonOpt,
     admin_settings,
-    operator_errors,
+    print_json,
+    read_admin,
     run_admin,
     to_json,
-    with_backfill,
 )
 from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.catalog import CatalogModel
@@ -218,20 +217,12 @@ def key_list(
     json_: JsonOpt = False,
 ) -> None:
     """List an organization's API keys (never the secrets), revoked ones included."""
-    keys: list[ApiKey] = []
-
-    async def action(b: Backfill) -> str:
-        keys.extend(await b.services.tenants.keys(org))
-        return ""
-
-    settings = admin_settings(config, data)
-    with operator_errors():
-        asyncio.run(with_backfill(settings, action))
+    keys = read_admin(admin_settings(config, data), lambda b: b.services.tenants.keys(org))
     if json_:
         from backfill.adapters.http.admin import key_object
         from backfill.adapters.http.presenters import list_object
 
-        typer.echo(to_json(list_object([key_object(k) for k in keys], False)))
+        print_json(list_object([key_object(k) for k in keys], False))
         return
     Console(width=200).print(_keys_table(org, keys))
 
@@ -402,20 +393,12 @@ def _configured(config: Path | None, data: Path | None) -> str:
 def engine_list(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False) -> None:
     """Show each engine as the running workers see it: health, since when, the last error,
     requests in flight and the limit (the same as GET /admin/v1/engines)."""
-    reports: list[EngineReport] = []
-
-    async def action(b: Backfill) -> str:
-        reports.extend(await b.services.operations.engines())
-        return ""
-
-    settings = admin_settings(config, data)
-    with operator_errors():
-        asyncio.run(with_backfill(settings, action))
+    reports = read_admin(admin_settings(config, data), lambda b: b.services.operations.engines())
     if json_:
         from backfill.adapters.http.admin import engine_object
         from backfill.adapters.http.presenters import list_object
 
-        typer.echo(to_json(list_object([engine_object(r) for r in reports], False)))
+        print_json(list_object([engine_object(r) for r in reports], False))
         return
     if not reports:
         typer.echo(

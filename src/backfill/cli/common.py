@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -65,6 +65,7 @@ JsonOpt = Annotated[
 DataOpt = Annotated[Path | None, typer.Option(help="Data directory of an embedded install.")]
 
 Action = Callable[["Backfill"], Awaitable[str]]
+T = TypeVar("T")
 
 
 def to_json(data: Any) -> str:
@@ -80,13 +81,18 @@ def admin_settings(config: Path | None, data: Path | None) -> Settings:
     return load(config, data_dir=data)
 
 
-async def with_backfill(settings: Settings, action: Action) -> str:
+async def with_backfill(settings: Settings, action: Callable[[Backfill], Awaitable[T]]) -> T:
     async with opened(settings) as backfill:
         await backfill.seed_catalog()
         return await action(backfill)
 
 
+def read_admin(settings: Settings, read: Callable[[Backfill], Awaitable[T]]) -> T:
+    """What one admin ``read`` answers from the database, for the command to print."""
+    with operator_errors():
+        return asyncio.run(with_backfill(settings, read))
+
+
 def run_admin(settings: Settings, action: Action) -> None:
     """Run one admin ``action`` against the database and print what it answers."""
-    with operator_errors():
-        typer.echo(asyncio.run(with_backfill(settings, action)))
+    typer.echo(read_admin(settings, action))
