@@ -39,6 +39,7 @@ from backfill.domain.records import (
     Org,
     Page,
     Receipt,
+    Stored,
     StoredResult,
 )
 from backfill.domain.result_cursor import PagedResult, ResultCursor
@@ -420,8 +421,9 @@ class WorkQueue(Protocol):
         ``not_before`` no worker claims it before that time (a backoff)."""
         ...
 
-    async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
-        """Store results whose lease is still held; says for each whether it was accepted."""
+    async def write_results(self, results: Sequence[ItemResult]) -> Stored:
+        """Store results whose lease is still held; says for each whether it was accepted, and
+        which batches the write finished."""
         ...
 
     async def live_leases(self, batch_id: str, now: float) -> int: ...

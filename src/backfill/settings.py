@@ -254,6 +254,10 @@ class Settings(BaseSettings):
     validating_retry_max_s: float = Field(60.0, gt=0)
     # How often a worker looks for batches to cancel, expire or finalize (0 would spin).
     lifecycle_interval_s: float = Field(0.2, gt=0)
+    # A worker whose polls find nothing (no work to claim, no batch to finalize, no
+    # notification due) polls less and less often, at last this often: what this process does
+    # wakes it at once, so only another process's work (or a lease that ran out) waits that long.
+    idle_poll_s: float = Field(5.0, gt=0)
     # Slots that free up within this long of each other are refilled by one claim.
     dispatch_gather_s: float = Field(0.005, ge=0)
     # Replicas of a model (engines serving the same models) claim together, and lines that

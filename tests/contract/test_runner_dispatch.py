@@ -4,6 +4,8 @@ stopped batch's backlog given back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.money import usd_to_pico
@@ -12,6 +14,7 @@ from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from tests.contract.test_runner_request import Kit, ScriptedEngine, kit
 from tests.contract.test_store import NOW, make_org
+from tests.support import eventually
 
 __all__ = ["kit"]  # a fixture
 
@@ -125,6 +128,56 @@ async def test_a_round_with_nothing_to_claim_waits_for_a_wake_up(kit: Kit) -> No
     pool.wake()
     # Without the wake-up the round would wait four poll intervals: four hours.
     await asyncio.wait_for(waiting, 30)
+
+
+async def test_an_empty_queue_is_asked_less_and_less_often_and_a_wake_asks_at_once(
+    kit: Kit,
+) -> None:
+    """An idle worker's claims back off to ``idle_poll_s`` apart (each is a query taken from an
+    engine sharing the cores); work made in this process wakes the pool and is claimed at once."""
+    model = "m-later"
+    pool = await kit.pool([ScriptedEngine(model, max_concurrency=4)], Started())
+    dispatch = Dispatcher(
+        kit.store,
+        kit.store,
+        kit.blobs,
+        pool,
+        kit.leases,
+        kit.clock,
+        poll_interval_s=0.005,  # a base of 0.02 s between empty claims
+        gather_s=0.001,
+        idle_poll_s=60.0,
+    )
+    claims: list[float] = []
+    claim = kit.store.claim
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        claims.append(asyncio.get_running_loop().time())
+        return await claim(*args, **kwargs)
+
+    kit.store.claim = counted  # type: ignore[method-assign]
+
+    async def rounds() -> None:
+        while True:
+            await dispatch.round()
+
+    running = asyncio.create_task(rounds())
+    try:
+        await asyncio.sleep(1.0)
+        # At a fixed 0.02 s that would be about fifty claims; doubling, about six.
+        assert 3 <= len(claims) <= 10, claims
+        await kit.batch(await make_org(kit.store), 3, model=model)
+        pool.wake()
+        slot = pool.slots[0]
+
+        async def in_flight() -> int:
+            return slot.in_flight
+
+        await eventually(in_flight, lambda n: n == 3, timeout_s=10)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
 
 def prompt(i: int) -> dict[str, object]:

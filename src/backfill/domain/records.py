@@ -152,6 +152,15 @@ class ItemResult:
     """When the request ended, by the worker's clock: its receipt's time."""
 
 
+class Stored(list[bool]):
+    """What a result write did: for each result, whether it was stored (its lease still held),
+    and ``finished``, the batches whose last result it stored (now ``finalizing``)."""
+
+    def __init__(self, flags: list[bool], finished: frozenset[str] = frozenset()) -> None:
+        super().__init__(flags)
+        self.finished = finished
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """What accepting one batch must satisfy, checked atomically with its creation."""

@@ -18,6 +18,7 @@ from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
 from backfill.runner.leases import Leases
+from backfill.runner.loops import Pace
 
 
 class Dispatcher:
@@ -32,6 +33,7 @@ class Dispatcher:
         *,
         poll_interval_s: float,
         gather_s: float,
+        idle_poll_s: float | None = None,
         locality: bool = True,
     ) -> None:
         self._queue = queue
@@ -40,7 +42,11 @@ class Dispatcher:
         self._pool = pool
         self._leases = leases
         self._clock = clock
-        self._poll_interval_s = poll_interval_s
+        # Claims that find nothing are made less and less often, up to ``idle_poll_s`` apart:
+        # work this process makes wakes the pool, so only another process's is waited for.
+        base_s = poll_interval_s * 4
+        self._pace = Pace(base_s, base_s if idle_poll_s is None else idle_poll_s)
+        self._asked = False
         self._gather_s = gather_s
         self._paused: set[str] = set()
         # Engines that serve the same models are replicas: they claim as one when locality
@@ -54,9 +60,18 @@ class Dispatcher:
     async def round(self) -> None:
         """Claim once; when nothing was claimed, wait for capacity or new work (or a poll)."""
         self._pool.clear_wake()
+        self._asked = False
         if await self.dispatch_once():
+            self._pace.found(True)
             return
-        if await self._pool.wait_woken(self._poll_interval_s * 4):
+        if self._asked:
+            self._pace.found(False)  # the queue had nothing: ask it less often
+            wait_s = self._pace.wait_s
+        else:
+            # Every engine is full: only a slot that frees up (which wakes the pool) lets
+            # this worker take more.
+            wait_s = self._pace.idle_s
+        if await self._pool.wait_woken(wait_s):
             # Let slots that free up together be refilled by one claim, not one each.
             await asyncio.sleep(self._gather_s)
 
@@ -83,6 +98,7 @@ class Dispatcher:
         """Lease up to ``wanted`` lines of these models, less those of paused orgs."""
         now = self._clock.now()
         leases = self._leases
+        self._asked = True
         claims = await self._queue.claim(models, wanted, leases.token, now + leases.lease_s, now)
         queued: list[Queued] = []
         for claim in claims:

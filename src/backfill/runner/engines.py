@@ -384,16 +384,19 @@ class OnDemand:
     def slots(self) -> list[EngineSlot]:
         return [slot for slot, _ in self._switched]
 
-    async def step(self) -> None:
-        """Start the parked engines that work waits for; stop the running ones long idle."""
+    async def step(self) -> bool:
+        """Start the parked engines that work waits for; stop the running ones long idle.
+        Whether any engine runs (or was just started)."""
         parked = [(slot, switch) for slot, switch in self._switched if not switch.running]
-        if parked:
-            await self._start_wanted(parked)
+        started = await self._start_wanted(parked) if parked else False
+        running = False
         for slot, switch in self._switched:
             if switch.running:
                 await self._stop_if_idle(slot, switch)
+                running = running or switch.running
+        return started or running
 
-    async def _start_wanted(self, parked: list[tuple[EngineSlot, Switch]]) -> None:
+    async def _start_wanted(self, parked: list[tuple[EngineSlot, Switch]]) -> bool:
         models = sorted({model for slot, _ in parked for model in slot.engine.models})
         ready = await self._queue.ready_models(models, self._now())
         started = False
@@ -411,6 +414,7 @@ class OnDemand:
             started = True
         if started:
             self._pool.recheck()
+        return started
 
     async def _stop_if_idle(self, slot: EngineSlot, switch: Switch) -> None:
         name, now = slot.engine.name, self._clock()

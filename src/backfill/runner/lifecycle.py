@@ -51,11 +51,13 @@ class Lifecycle:
         """What runs in the background now: finalizes and validating take-overs."""
         return [*self._validating.tasks, *self._finalizing.values()]
 
-    async def once(self) -> None:
-        """One pass over the batches that need a decision."""
+    async def once(self) -> bool:
+        """One pass over the batches that need a decision; whether it found any (or lapsed
+        leases to requeue)."""
         now = self._clock.now()
-        await self._queue.requeue_expired(now)
-        for batch in await self._batches.lifecycle_batches(now):
+        requeued = await self._queue.requeue_expired(now)
+        batches = await self._batches.lifecycle_batches(now)
+        for batch in batches:
             status = batch.status
             if status == BatchStatus.VALIDATING:
                 self._validating.see(batch, now)
@@ -78,6 +80,7 @@ class Lifecycle:
                     self._finalize(batch, status, BatchStatus.CANCELLED, closing="batch_cancelled")
             elif status == BatchStatus.FINALIZING:
                 self._finalize(batch, status, BatchStatus.COMPLETED)
+        return bool(requeued or batches)
 
     def _finalize(
         self,

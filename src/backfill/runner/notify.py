@@ -85,20 +85,23 @@ class Notifier:
     def interval_s(self) -> float:
         return self._config.interval_s
 
-    async def step(self) -> None:
-        """Lease the due messages this sender has room for and start sending them."""
+    async def step(self) -> bool:
+        """Lease the due messages this sender has room for and start sending them; whether
+        there was any (or no room)."""
         room = self._config.max_in_flight - len(self._sending)
         if room <= 0:
-            return
+            return True
         now = self._clock.now()
         # A token per claim: the fence of each attempt is its own lease, not this sender's.
         token = ids.lease_token()
-        for message in await self._store.claim_notifications(
+        claimed = await self._store.claim_notifications(
             now, token, now + self._config.lease_s, room
-        ):
+        )
+        for message in claimed:
             task = asyncio.create_task(self._guarded(message, token), name=f"notify {message.id}")
             self._sending[task] = (message, token)
             task.add_done_callback(lambda done: self._sending.pop(done, None))
+        return bool(claimed)
 
     async def stop(self) -> None:
         """Let the attempts under way finish for a moment; give back those that do not, as

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from backfill.domain.records import ItemResult
 from backfill.metrics import Metrics
@@ -16,8 +17,16 @@ log = logging.getLogger("backfill.runner")
 class ResultWriter:
     """Collects results and writes them together; ``put`` returns once its result is durable."""
 
-    def __init__(self, store: WorkQueue, flush_s: float, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: WorkQueue,
+        flush_s: float,
+        metrics: Metrics,
+        on_finished: Callable[[frozenset[str]], None] = lambda _batch_ids: None,
+    ) -> None:
         self._store = store
+        # Told the batches a write finished, so their finalize starts at once.
+        self._on_finished = on_finished
         # Labelled children resolved once: this runs for every stored result.
         self._ok = metrics.results.labels("ok")
         self._failed = metrics.results.labels("error")
@@ -60,6 +69,8 @@ class ResultWriter:
 
     async def _write(self, batch: list[tuple[ItemResult, asyncio.Future[bool]]]) -> None:
         accepted = await self._store.write_results([r for r, _ in batch])
+        if accepted.finished:
+            self._on_finished(accepted.finished)
         for (result, future), ok in zip(batch, accepted, strict=True):
             future.set_result(ok)
             if not ok:

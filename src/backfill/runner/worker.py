@@ -46,7 +46,7 @@ from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from backfill.runner.leases import Leases
 from backfill.runner.lifecycle import Lifecycle
-from backfill.runner.loops import Loops
+from backfill.runner.loops import Loops, Pace
 from backfill.runner.notify import Notifier
 from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
@@ -66,6 +66,9 @@ class WorkerConfig:
     poll_interval_s: float
     result_flush_s: float
     lifecycle_interval_s: float
+    # The dispatcher, lifecycle, notifier and on-demand check poll this rarely once their
+    # polls find nothing.
+    idle_poll_s: float
     gpu_time_flush_s: float
     janitor_interval_s: float
     output_ttl_s: int
@@ -94,6 +97,7 @@ class WorkerConfig:
             poll_interval_s=settings.poll_interval_s,
             result_flush_s=settings.result_flush_s,
             lifecycle_interval_s=settings.lifecycle_interval_s,
+            idle_poll_s=settings.idle_poll_s,
             gpu_time_flush_s=settings.gpu_time_flush_s,
             janitor_interval_s=settings.janitor_interval_s,
             output_ttl_s=settings.output_file_ttl_s,
@@ -141,10 +145,21 @@ class Worker:
         self._clock = clock
         self._janitor = janitor
         self._planner = planner
+        # A plan that changes nothing (no batch runs) is made less often, up to six intervals
+        # apart; a batch created here brings the next one back to the interval.
+        plan_s = planner.interval_s if planner is not None else 1.0
+        self._planner_pace = Pace(plan_s, 6 * plan_s)
         self._metrics = metrics or Metrics()
         self._loops = Loops()
         self._leases = Leases(store, clock, config.lease_s)
-        self._results = ResultWriter(store, config.result_flush_s, self._metrics)
+        self._lifecycle_pace = Pace(config.lifecycle_interval_s, config.idle_poll_s)
+        # A write that stored a batch's last result starts its finalize at once.
+        self._results = ResultWriter(
+            store,
+            config.result_flush_s,
+            self._metrics,
+            on_finished=lambda _batch_ids: self._lifecycle_pace.wake(),
+        )
         self._failures = WorkerFailures(
             config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
         )
@@ -184,6 +199,9 @@ class Worker:
         )
         self._pool.on_health_change = self._reports.changed
         self._on_demand = OnDemand(self._pool, store, now=clock.now)
+        # While every engine started on demand is stopped, the queue is asked less and less
+        # often whether work waits for one; a batch created here asks at once.
+        self._on_demand_pace = Pace(ON_DEMAND_CHECK_S, config.idle_poll_s)
         self._dispatcher = Dispatcher(
             store,
             store,
@@ -193,6 +211,7 @@ class Worker:
             clock,
             poll_interval_s=config.poll_interval_s,
             gather_s=config.dispatch_gather_s,
+            idle_poll_s=config.idle_poll_s,
             locality=config.prefix_locality,
         )
         self._charger = GpuCharger(meter, store, self._dispatcher.pause)
@@ -204,7 +223,7 @@ class Worker:
             grace_s=config.validating_grace_s,
             retry_base_s=config.retry_base_s,
             retry_max_s=config.validating_retry_max_s,
-            on_started=lambda _batch_id: self._pool.wake(),
+            on_started=self.note_created,
         )
         self._lifecycle = Lifecycle(
             store, store, finalizer, validating, self._dispatcher, self._requests, clock
@@ -217,23 +236,24 @@ class Worker:
         self._pool.start()
         config, loops = self._config, self._loops
         loops.repeat("dispatch", self._dispatcher.round)
-        loops.every("lifecycle", config.lifecycle_interval_s, self._lifecycle_step, at_once=True)
+        loops.poll("lifecycle", self._lifecycle_pace, self._lifecycle_step)
         loops.every("leases", config.lease_s / 3, self.heartbeat)
         # The one writer of engine health: changes the watch marks, and a heartbeat.
         loops.repeat("engine-reports", lambda: self._reports.step(loops.stopping))
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self._notifier is not None:
-            loops.every("notify", self._notifier.interval_s, self._notifier.step, at_once=True)
+            pace = Pace(self._notifier.interval_s, config.idle_poll_s)
+            loops.poll("notify", pace, self._notifier.step)
         if self._on_demand.slots:
-            loops.every("engines-on-demand", ON_DEMAND_CHECK_S, self._on_demand.step, at_once=True)
+            loops.poll("engines-on-demand", self._on_demand_pace, self._on_demand.step)
         if self._planner is not None:
-            loops.every("planner", self._planner.interval_s, self._planner.plan, at_once=True)
+            loops.poll("planner", self._planner_pace, self._plan)
 
     async def stop(self) -> None:
         # Loops finish the statement they are in: a statement cut short by cancellation can
         # leave SQLite locked for the next process on the same data directory.
-        self._loops.stopping.set()
+        self._loops.stop()
         self._pool.wake()
         busy = [*self._loops.tasks, *self._lifecycle.tasks]
         _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
@@ -273,10 +293,15 @@ class Worker:
     def note_created(self, _batch_id: str) -> None:
         """Called when a batch is created in this process: look for work now."""
         self._pool.wake()
+        self._lifecycle_pace.hurry()
+        self._planner_pace.hurry()
+        self._on_demand_pace.wake()
 
     def stop_starting(self, batch_id: str) -> None:
-        """Called when a batch is cancelled in this process: nothing of it starts any more."""
+        """Called when a batch is cancelled in this process: nothing of it starts any more,
+        and the lifecycle looks at it soon."""
         self._dispatcher.stop_starting(batch_id)
+        self._lifecycle_pace.hurry()
 
     def held_leases(self) -> dict[str, set[int]]:
         """The items whose requests run now or wait in a backlog, by batch."""
@@ -298,9 +323,16 @@ class Worker:
     async def charge_gpu_time(self) -> None:
         await self._charger.charge()
 
-    async def _lifecycle_step(self) -> None:
-        await self._lifecycle.once()
+    async def _plan(self) -> bool:
+        """One planning pass; whether it changed anything (None: another process plans)."""
+        assert self._planner is not None
+        made = await self._planner.plan()
+        return made is not None and bool(made.rates or made.lanes or made.estimates)
+
+    async def _lifecycle_step(self) -> bool:
+        found = await self._lifecycle.once()
         self._failures.summarise()
+        return found
 
     async def _tidy(self) -> None:
         # Batches are moved on as their last result is stored; this catches any that were not.

@@ -20,7 +20,7 @@ from backfill.adapters.db.rows import (
 )
 from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState, Outcome
-from backfill.domain.records import ItemResult, StoredResult
+from backfill.domain.records import ItemResult, Stored, StoredResult
 from backfill.domain.settlement import BatchTerms, Settlement, settle
 
 _RESULT_PAGE = 1000
@@ -39,15 +39,16 @@ def _terms_of(row: Any) -> BatchTerms:
 
 async def _apply(
     conn: AsyncConnection, batch_id: str, settlement: Settlement, numbered: int
-) -> None:
+) -> bool:
     """Add a write's counts to its batch's row (locked since the write's first select), and
     move the batch to ``finalizing`` when they complete it. The org row is left to the
-    caller, which updates each org once, in id order, after every batch.
+    caller, which updates each org once, in id order, after every batch. True when the write
+    finished the batch.
 
     ``numbered``: how many ``done_seq`` numbers the write handed out; the row's
     ``results_seq`` moves past them in this same update (no statement of its own)."""
     if not settlement.counted and not numbered:
-        return
+        return False
     b = t.batches
     row = (
         await conn.execute(
@@ -80,12 +81,14 @@ async def _apply(
         )
         # Nothing of it is claimable any more (every line is done): its chunks go.
         await drop_chunks(conn, batch_id)
+        return True
+    return False
 
 
 class QueueQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
 
-    async def write_results(self, results: Sequence[ItemResult]) -> list[bool]:
+    async def write_results(self, results: Sequence[ItemResult]) -> Stored:
         i = t.items
         b = t.batches
         o = t.orgs
@@ -175,8 +178,10 @@ class QueueQueries(SqlBase):
             if receipts:
                 await conn.execute(insert(t.receipts), receipts)
             owed: dict[str, tuple[int, int]] = {}
+            finished: set[str] = set()
             for batch, settlement in settled:
-                await _apply(conn, batch.id, settlement, numbered.get(batch.id, 0))
+                if await _apply(conn, batch.id, settlement, numbered.get(batch.id, 0)):
+                    finished.add(batch.id)
                 if settlement.charged:
                     charged, released = owed.get(batch.org_id, (0, 0))
                     owed[batch.org_id] = (
@@ -191,7 +196,7 @@ class QueueQueries(SqlBase):
                     .where(o.c.id == org_id)
                     .values(balance=o.c.balance - charged, reserved=o.c.reserved - released)
                 )
-        return flags
+        return Stored(flags, frozenset(finished))
 
     async def _held_leases(
         self, conn: AsyncConnection, results: Sequence[ItemResult]
