@@ -99,7 +99,7 @@ class AccountQueries(SqlBase):
             )
 
     async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None:
-        async with self.engine.connect() as conn:
+        async with self.reads.connect() as conn:
             row = (
                 await conn.execute(
                     select(t.api_keys).where(t.api_keys.c.secret_hash == secret_hash)

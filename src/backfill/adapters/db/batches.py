@@ -214,7 +214,7 @@ class BatchQueries(SqlBase):
         query = select(t.batches).where(t.batches.c.id == batch_id)
         if org_id is not None:
             query = query.where(t.batches.c.org_id == org_id)
-        async with self.engine.connect() as conn:
+        async with self.reads.connect() as conn:
             row = (await conn.execute(query)).first()
         return batch_of(row) if row else None
 

@@ -1,8 +1,9 @@
 """Every difference between SQLite and PostgreSQL the queries need, each a small named helper.
 
-Embedded SQLite is one process with one pooled connection: while a transaction holds it no
-other statement runs, so the row locks that order PostgreSQL's concurrent writers are no-ops
-there. The other differences are spellings. ``SqlBase`` picks one dialect per engine.
+Embedded SQLite is one process with one pooled connection for every write: while a transaction
+holds it no other statement runs, so the row locks that order PostgreSQL's concurrent writers
+are no-ops there (the API's hot reads have read-only connections of their own). The other
+differences are spellings. ``SqlBase`` picks one dialect per engine.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 _Query = TypeVar("_Query", bound=Select[Any])
+# Read connections of an SQLite database beside its one writer.
+_READERS = 2
 
 
 class Dialect(Hashable, Protocol):
     def engine(self, url: str) -> AsyncEngine:
         """The engine, pooled and configured for this database."""
+        ...
+
+    def reader(self, url: str) -> AsyncEngine | None:
+        """An engine for the API's hot reads (key lookups, batch polls) beside ``engine``, or
+        None where ``engine`` serves them as well."""
         ...
 
     async def serialize_migrations(self, conn: AsyncConnection) -> None:
@@ -92,6 +100,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _sqlite_reader_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout=30000")
+    # A read connection never writes, whatever a query says.
+    cursor.execute("PRAGMA query_only=ON")
+    cursor.close()
+
+
 def _replacing(
     ins: Any, key: Sequence[Column[Any]], replace: Sequence[str], where: ColumnElement[bool]
 ) -> Insert:
@@ -110,6 +126,26 @@ class _Sqlite:
             url, poolclass=AsyncAdaptedQueuePool, pool_size=1, max_overflow=0
         )
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+
+    def reader(self, url: str) -> AsyncEngine | None:
+        # Polls would otherwise queue for the one connection behind group commits and claims.
+        # Under WAL a reader sees every committed write and blocks no writer; each connection
+        # has its own thread, where SQLite runs without the GIL. A private in-memory database
+        # exists only on its one connection.
+        if ":memory:" in url or "mode=memory" in url:
+            return None
+        # No rollback when a connection goes back to the pool (a round trip to its thread):
+        # Python's sqlite3 opens no transaction for a SELECT, and these connections can do
+        # nothing else.
+        engine = create_async_engine(
+            url,
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=_READERS,
+            max_overflow=0,
+            pool_reset_on_return=None,
+        )
+        event.listen(engine.sync_engine, "connect", _sqlite_reader_pragmas)
         return engine
 
     async def serialize_migrations(self, conn: AsyncConnection) -> None:
@@ -159,6 +195,9 @@ class _Sqlite:
 class _Postgres:
     def engine(self, url: str) -> AsyncEngine:
         return create_async_engine(url, pool_size=10, max_overflow=10)
+
+    def reader(self, url: str) -> AsyncEngine | None:
+        return None  # its pool already holds many connections, and readers never wait there
 
     async def serialize_migrations(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_advisory_xact_lock(4242001)"))

@@ -48,6 +48,9 @@ class SqlBase:
         self.is_sqlite = url.startswith("sqlite")
         self.dialect = SQLITE if self.is_sqlite else POSTGRES
         self.engine: AsyncEngine = self.dialect.engine(url)
+        # The API's hot reads: SQLite's own read connections, else the engine itself.
+        self._reader = self.dialect.reader(url)
+        self.reads: AsyncEngine = self._reader or self.engine
 
     async def init(self) -> None:
         """Bring the schema up to date (Alembic); safe when several processes start at once."""
@@ -80,4 +83,6 @@ class SqlBase:
             ) from exc
 
     async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.dispose()
         await self.engine.dispose()

@@ -31,7 +31,7 @@ from backfill.settings import (
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
 
 
-def require_admin(request: Request) -> None:
+async def require_admin(request: Request) -> None:
     # EdgeGuard already refused these requests before their body was read; checking again
     # keeps the routes closed wherever the router is mounted.
     refusal = admin_refusal(request.scope["headers"], request.app.state.admin_token)

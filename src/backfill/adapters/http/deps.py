@@ -9,14 +9,20 @@ from backfill.services.bundle import Services
 from backfill.services.tenants import Principal
 
 
-def services(request: Request) -> Services:
+def _services(request: Request) -> Services:
     found: Services = request.app.state.services
     return found
+
+
+# Dependencies are coroutines: FastAPI runs a plain function in a thread pool, a hand-off to
+# another thread and back on every request (a third of a status poll's CPU).
+async def services(request: Request) -> Services:
+    return _services(request)
 
 
 async def principal(request: Request) -> Principal:
     secret = bearer(request.scope["headers"])
     # Latin-1 maps every byte, as Starlette decodes headers: an odd key is a wrong key, not 500.
-    return await services(request).tenants.authenticate(
+    return await _services(request).tenants.authenticate(
         secret.decode("latin-1") if secret is not None else None
     )
