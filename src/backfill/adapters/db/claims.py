@@ -15,8 +15,10 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Select,
     TextClause,
+    Update,
     bindparam,
     delete,
     func,
@@ -90,6 +92,51 @@ def _pick_statement(dialect: Dialect) -> TextClause:
     return text(pick_sql(dialect)).bindparams(bindparam("models", expanding=True))
 
 
+@functools.cache
+def _lease_statement(dialect: Dialect) -> Update:
+    """A claim's lease of one chunk's queued lines, built once per dialect: its parameters
+    ``batch``, ``first``, ``end``, ``now``, ``limit``, ``token`` and ``until``."""
+    i = t.items
+    pick = queued_lines(
+        bindparam("batch"), bindparam("first"), bindparam("end"), bindparam("now"), None
+    ).limit(bindparam("limit"))
+    return (
+        dialect.update_picked(i, i.c.batch_id == bindparam("batch"), i.c.idx, pick)
+        .values(
+            state=ItemState.LEASED, lease_token=bindparam("token"), lease_until=bindparam("until")
+        )
+        .returning(i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
+    )
+
+
+def _chunk_key() -> ColumnElement[bool]:
+    c = t.chunks
+    return (c.c.batch_id == bindparam("batch")) & (c.c.chunk == bindparam("c_chunk"))
+
+
+# After a claim, of one chunk: the earliest time one of its queued lines may go, then the
+# chunk waiting for it or taken. Built once: a claim runs them for every chunk it empties.
+_i = t.items
+_SOONEST = select(func.min(func.coalesce(_i.c.lease_until, 0.0))).where(
+    _i.c.batch_id == bindparam("batch"),
+    _i.c.state == ItemState.QUEUED,
+    _i.c.idx >= bindparam("first"),
+    _i.c.idx < bindparam("end"),
+)
+_CHUNK_WAITS = update(t.chunks).where(_chunk_key()).values(not_before=bindparam("soonest"))
+_CHUNK_TAKEN = update(t.chunks).where(_chunk_key()).values(state=ChunkState.TAKEN, not_before=None)
+# Relative to the row's current values: concurrent claims of one lane add up.
+_LANE_SERVED = (
+    update(t.lanes)
+    .where(t.lanes.c.model == bindparam("lane_model"), t.lanes.c.org_id == bindparam("lane_org"))
+    .values(
+        served=t.lanes.c.served + bindparam("n_served"),
+        vtime=t.lanes.c.vtime + bindparam("d_vtime"),
+        ready=t.lanes.c.ready - bindparam("n_drained"),
+    )
+)
+
+
 def _turn(row: Any) -> tuple[int, float, str]:
     return (row.urgent_by, row.vtime, row.org_id)
 
@@ -159,15 +206,15 @@ class ClaimQueries(SqlBase):
                     )
                     claims.append(Claim(batch, row.chunk, items))
             for lane in sorted(served):
-                # Relative to the row's current values: concurrent claims of one lane add up.
                 await conn.execute(
-                    update(t.lanes)
-                    .where(t.lanes.c.model == lane[0], t.lanes.c.org_id == lane[1])
-                    .values(
-                        served=t.lanes.c.served + served[lane],
-                        vtime=t.lanes.c.vtime + served[lane] / weights[lane],
-                        ready=t.lanes.c.ready - drained[lane],
-                    )
+                    _LANE_SERVED,
+                    {
+                        "lane_model": lane[0],
+                        "lane_org": lane[1],
+                        "n_served": served[lane],
+                        "d_vtime": served[lane] / weights[lane],
+                        "n_drained": drained[lane],
+                    },
                 )
         return claims
 
@@ -193,16 +240,20 @@ class ClaimQueries(SqlBase):
         lease_until: float,
         now: float,
     ) -> list[ClaimedItem]:
-        i = t.items
-        pick = queued_lines(chunk.batch_id, chunk.first_idx, chunk.end_idx, now, limit)
-        values = {"state": ItemState.LEASED, "lease_token": token, "lease_until": lease_until}
-        returning = (i.c.idx, i.c.offset, i.c.length, i.c.custom_id)
-        stmt = (
-            self.dialect.update_picked(i, i.c.batch_id == chunk.batch_id, i.c.idx, pick)
-            .values(**values)
-            .returning(*returning)
-        )
-        rows = (await conn.execute(stmt)).all()
+        rows = (
+            await conn.execute(
+                _lease_statement(self.dialect),
+                {
+                    "batch": chunk.batch_id,
+                    "first": chunk.first_idx,
+                    "end": chunk.end_idx,
+                    "now": now,
+                    "limit": limit,
+                    "token": token,
+                    "until": lease_until,
+                },
+            )
+        ).all()
         return sorted(
             (
                 ClaimedItem(chunk.batch_id, r.idx, r.offset, r.length, r.custom_id, chunk.chunk)
@@ -214,24 +265,15 @@ class ClaimQueries(SqlBase):
     async def _settle_chunk(self, conn: AsyncConnection, chunk: Any, now: float) -> bool:
         """After a claim: the chunk stays ready while it holds claimable lines, waits for the
         earliest backoff when all it holds wait, and is taken once it holds none; True then."""
-        i, c = t.items, t.chunks
-        soonest = (
-            await conn.execute(
-                select(func.min(func.coalesce(i.c.lease_until, 0.0))).where(
-                    i.c.batch_id == chunk.batch_id,
-                    i.c.state == ItemState.QUEUED,
-                    i.c.idx >= chunk.first_idx,
-                    i.c.idx < chunk.end_idx,
-                )
-            )
-        ).scalar()
+        where = {"batch": chunk.batch_id, "first": chunk.first_idx, "end": chunk.end_idx}
+        soonest = (await conn.execute(_SOONEST, where)).scalar()
         if soonest is not None and soonest <= now:
             return False
-        key = (c.c.batch_id == chunk.batch_id) & (c.c.chunk == chunk.chunk)
+        key = {"batch": chunk.batch_id, "c_chunk": chunk.chunk}
         if soonest is not None:
-            await conn.execute(update(c).where(key).values(not_before=soonest))
+            await conn.execute(_CHUNK_WAITS, {**key, "soonest": soonest})
             return False
-        await conn.execute(update(c).where(key).values(state=ChunkState.TAKEN, not_before=None))
+        await conn.execute(_CHUNK_TAKEN, key)
         return True
 
     async def renew_leases(
@@ -314,9 +356,10 @@ class ClaimQueries(SqlBase):
             pass
 
 
-def queued_lines(batch_id: str, first: int, end: int, now: float, limit: int) -> Select[Any]:
+def queued_lines(batch_id: Any, first: Any, end: Any, now: Any, limit: int | None) -> Select[Any]:
     """A claim's lines: queued ones of one chunk in index order, through the claim index. A
-    queued line may carry a not-before time in lease_until (a release with backoff)."""
+    queued line may carry a not-before time in lease_until (a release with backoff). Each
+    value may be a bound parameter instead (the claim's statement is built once)."""
     i = t.items
     return (
         select(i.c.idx)

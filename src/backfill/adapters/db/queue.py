@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.claims import drop_chunks
+from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import (
@@ -24,6 +26,86 @@ from backfill.domain.records import ItemResult, Stored, StoredResult
 from backfill.domain.settlement import BatchTerms, Settlement, settle
 
 _RESULT_PAGE = 1000
+
+# The result write's statements, built once (not per group commit), each with its bound values.
+_b, _i, _o = t.batches, t.items, t.orgs
+_BATCH_TERMS = (
+    select(
+        _b.c.id,
+        _b.c.org_id,
+        _b.c.billing,
+        _b.c.model_config_id,
+        _b.c.reserved,
+        _b.c.price_input,
+        _b.c.price_cached_input,
+        _b.c.price_output,
+        _b.c.results_seq,
+    )
+    .where(_b.c.id.in_(bindparam("ids", expanding=True)))
+    # Rows are locked in the order they are returned; without ORDER BY that is scan order,
+    # which changes as the rows are updated.
+    .order_by(_b.c.id)
+)
+_HELD = (
+    select(_i.c.idx, _i.c.lease_token)
+    .where(
+        _i.c.batch_id == bindparam("batch"),
+        _i.c.idx.in_(bindparam("idxs", expanding=True)),
+        _i.c.state == ItemState.LEASED,
+    )
+    .order_by(_i.c.idx)
+)
+_STORE_RESULT = (
+    update(_i)
+    .where(_i.c.batch_id == bindparam("b_batch"), _i.c.idx == bindparam("b_idx"))
+    .values(
+        state=ItemState.DONE,
+        outcome=bindparam("b_outcome"),
+        result=bindparam("b_result"),
+        done_seq=bindparam("b_seq"),
+        done_at=bindparam("b_at"),
+        input_tokens=bindparam("b_in"),
+        output_tokens=bindparam("b_out"),
+        lease_token=None,
+        lease_until=None,
+    )
+)
+_COUNT_RESULTS = (
+    update(_b)
+    .where(_b.c.id == bindparam("batch"))
+    .values(
+        completed=_b.c.completed + bindparam("d_completed"),
+        failed=_b.c.failed + bindparam("d_failed"),
+        input_tokens=_b.c.input_tokens + bindparam("d_input"),
+        output_tokens=_b.c.output_tokens + bindparam("d_output"),
+        cached_tokens=_b.c.cached_tokens + bindparam("d_cached"),
+        charged=_b.c.charged + bindparam("d_charged"),
+        reserved=_b.c.reserved - bindparam("d_released"),
+        results_seq=_b.c.results_seq + bindparam("d_numbered"),
+    )
+    .returning(_b.c.status, _b.c.total, _b.c.completed, _b.c.failed)
+)
+_INSERT_RECEIPTS = insert(t.receipts)
+_CHARGE_ORG = (
+    update(_o)
+    .where(_o.c.id == bindparam("org"))
+    .values(
+        balance=_o.c.balance - bindparam("d_charged"),
+        reserved=_o.c.reserved - bindparam("d_released"),
+    )
+)
+
+
+@functools.cache
+def _batch_terms(dialect: Dialect) -> Select[Any]:
+    """The written batches' terms, their rows locked (PostgreSQL), built once per dialect."""
+    return dialect.for_update(_BATCH_TERMS)
+
+
+@functools.cache
+def _held(dialect: Dialect) -> Select[Any]:
+    """One batch's leased items among ``idxs``, their rows locked, built once per dialect."""
+    return dialect.for_update(_HELD)
 
 
 def _terms_of(row: Any) -> BatchTerms:
@@ -52,19 +134,18 @@ async def _apply(
     b = t.batches
     row = (
         await conn.execute(
-            update(b)
-            .where(b.c.id == batch_id)
-            .values(
-                completed=b.c.completed + settlement.completed,
-                failed=b.c.failed + settlement.failed,
-                input_tokens=b.c.input_tokens + settlement.input_tokens,
-                output_tokens=b.c.output_tokens + settlement.output_tokens,
-                cached_tokens=b.c.cached_tokens + settlement.cached_tokens,
-                charged=b.c.charged + settlement.charged,
-                reserved=b.c.reserved - settlement.released,
-                results_seq=b.c.results_seq + numbered,
-            )
-            .returning(b.c.status, b.c.total, b.c.completed, b.c.failed)
+            _COUNT_RESULTS,
+            {
+                "batch": batch_id,
+                "d_completed": settlement.completed,
+                "d_failed": settlement.failed,
+                "d_input": settlement.input_tokens,
+                "d_output": settlement.output_tokens,
+                "d_cached": settlement.cached_tokens,
+                "d_charged": settlement.charged,
+                "d_released": settlement.released,
+                "d_numbered": numbered,
+            },
         )
     ).one()
     if row.status == BatchStatus.IN_PROGRESS and row.completed + row.failed >= row.total:
@@ -89,33 +170,13 @@ class QueueQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
 
     async def write_results(self, results: Sequence[ItemResult]) -> Stored:
-        i = t.items
-        b = t.batches
-        o = t.orgs
         # Every group commit takes its row locks in one global order (batches by id, their
         # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
         # queue behind each other instead of deadlocking: a rolled-back group would cost the
         # whole group's compute again.
         async with self.writing("storing results") as conn:
             batch_ids = sorted({r.batch_id for r in results})
-            query = (
-                select(
-                    b.c.id,
-                    b.c.org_id,
-                    b.c.billing,
-                    b.c.model_config_id,
-                    b.c.reserved,
-                    b.c.price_input,
-                    b.c.price_cached_input,
-                    b.c.price_output,
-                    b.c.results_seq,
-                )
-                .where(b.c.id.in_(batch_ids))
-                # Rows are locked in the order they are returned; without ORDER BY that is scan
-                # order, which changes as the rows are updated.
-                .order_by(b.c.id)
-            )
-            rows = (await conn.execute(self.dialect.for_update(query))).all()
+            rows = (await conn.execute(_batch_terms(self.dialect), {"ids": batch_ids})).all()
             terms = [_terms_of(row) for row in rows]
             # The last number handed out per batch, read under the batch row's lock (SQLite:
             # the one writer), so numbers commit in order and a reader never skips one.
@@ -143,19 +204,7 @@ class QueueQueries(SqlBase):
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
                 await conn.execute(
-                    update(i)
-                    .where(i.c.batch_id == bindparam("b_batch"), i.c.idx == bindparam("b_idx"))
-                    .values(
-                        state=ItemState.DONE,
-                        outcome=bindparam("b_outcome"),
-                        result=bindparam("b_result"),
-                        done_seq=bindparam("b_seq"),
-                        done_at=bindparam("b_at"),
-                        input_tokens=bindparam("b_in"),
-                        output_tokens=bindparam("b_out"),
-                        lease_token=None,
-                        lease_until=None,
-                    ),
+                    _STORE_RESULT,
                     [
                         {
                             "b_batch": r.batch_id,
@@ -176,7 +225,7 @@ class QueueQueries(SqlBase):
             settled = [(batch, settle(batch, by_batch.get(batch.id, ()))) for batch in terms]
             receipts = [receipt_values(r) for _, done in settled for r in done.receipts]
             if receipts:
-                await conn.execute(insert(t.receipts), receipts)
+                await conn.execute(_INSERT_RECEIPTS, receipts)
             owed: dict[str, tuple[int, int]] = {}
             finished: set[str] = set()
             for batch, settlement in settled:
@@ -192,9 +241,7 @@ class QueueQueries(SqlBase):
             for org_id in sorted(owed):
                 charged, released = owed[org_id]
                 await conn.execute(
-                    update(o)
-                    .where(o.c.id == org_id)
-                    .values(balance=o.c.balance - charged, reserved=o.c.reserved - released)
+                    _CHARGE_ORG, {"org": org_id, "d_charged": charged, "d_released": released}
                 )
         return Stored(flags, frozenset(finished))
 
@@ -203,22 +250,14 @@ class QueueQueries(SqlBase):
     ) -> set[tuple[str, int, str]]:
         """Which of these results' items are still leased with the token they carry; on
         PostgreSQL their rows are locked, batch by batch in id order and by idx within one."""
-        i = t.items
         held: set[tuple[str, int, str]] = set()
         by_batch: dict[str, set[int]] = {}
         for r in results:
             by_batch.setdefault(r.batch_id, set()).add(r.idx)
+        query = _held(self.dialect)
         for batch_id in sorted(by_batch):
-            query = (
-                select(i.c.idx, i.c.lease_token)
-                .where(
-                    i.c.batch_id == batch_id,
-                    i.c.idx.in_(sorted(by_batch[batch_id])),
-                    i.c.state == ItemState.LEASED,
-                )
-                .order_by(i.c.idx)
-            )
-            for row in (await conn.execute(self.dialect.for_update(query))).all():
+            params = {"batch": batch_id, "idxs": sorted(by_batch[batch_id])}
+            for row in (await conn.execute(query, params)).all():
                 held.add((batch_id, row.idx, row.lease_token))
         return held
 
