@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,6 +25,9 @@ from backfill.domain.money import (
 )
 from backfill.domain.records import ApiKey, Ledger, Org, Receipt
 from backfill.errors import Conflict, InvalidInput, NotFound
+
+# Every authenticated request's read, built once.
+_KEY_BY_HASH = select(t.api_keys).where(t.api_keys.c.secret_hash == bindparam("secret_hash"))
 
 log = logging.getLogger("backfill.db")
 
@@ -100,11 +103,7 @@ class AccountQueries(SqlBase):
 
     async def api_key_by_hash(self, secret_hash: str) -> ApiKey | None:
         async with self.reads.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(t.api_keys).where(t.api_keys.c.secret_hash == secret_hash)
-                )
-            ).first()
+            row = (await conn.execute(_KEY_BY_HASH, {"secret_hash": secret_hash})).first()
         return _key_of(row) if row else None
 
     async def list_api_keys(self, org_id: str) -> list[ApiKey]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,6 +35,9 @@ from backfill.errors import Conflict
 # Lines per insert transaction: whole chunks are added together.
 _INSERT_LINES = 5000
 _ITEMS_WELCOME = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
+# A status poll's read, built once: every poll of every client runs it.
+_BATCH_BY_ID = select(t.batches).where(t.batches.c.id == bindparam("batch"))
+_ORGS_BATCH = _BATCH_BY_ID.where(t.batches.c.org_id == bindparam("org"))
 
 
 def _pages(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
@@ -211,11 +214,12 @@ class BatchQueries(SqlBase):
         return True
 
     async def get_batch(self, org_id: str | None, batch_id: str) -> BatchRecord | None:
-        query = select(t.batches).where(t.batches.c.id == batch_id)
-        if org_id is not None:
-            query = query.where(t.batches.c.org_id == org_id)
         async with self.reads.connect() as conn:
-            row = (await conn.execute(query)).first()
+            if org_id is None:
+                found = await conn.execute(_BATCH_BY_ID, {"batch": batch_id})
+            else:
+                found = await conn.execute(_ORGS_BATCH, {"batch": batch_id, "org": org_id})
+            row = found.first()
         return batch_of(row) if row else None
 
     async def batch_by_idempotency_key(self, org_id: str, key: str) -> BatchRecord | None:
