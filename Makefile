@@ -59,6 +59,8 @@ bench: $(STAMP)
 	PYTHONPATH=. $(PY) -m bench.quiet
 	PYTHONPATH=. $(PY) -m bench.accept_1m
 	PYTHONPATH=. $(PY) -m bench.scale_workers
+	PYTHONPATH=. $(PY) -m bench.explain
+	PYTHONPATH=. $(PY) -m bench.polls
 	PYTHONPATH=. $(PY) -m bench.drain_curve
 	PYTHONPATH=. $(PY) -m bench.shared_engine
 	PYTHONPATH=. $(PY) -m bench.locality

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Select,
     TextClause,
     Update,
+    and_,
     bindparam,
     delete,
     func,
@@ -100,8 +101,16 @@ def _lease_statement(dialect: Dialect) -> Update:
     pick = queued_lines(
         bindparam("batch"), bindparam("first"), bindparam("end"), bindparam("now"), None
     ).limit(bindparam("limit"))
+    # The chunk's range bounds the update's own scan too: without it PostgreSQL may join the
+    # picked lines to every line of the batch (a hash join over a sequential scan, chosen for
+    # batches of up to about 100,000 lines), where an index range of one chunk is enough.
+    chunk = and_(
+        i.c.batch_id == bindparam("batch"),
+        i.c.idx >= bindparam("first"),
+        i.c.idx < bindparam("end"),
+    )
     return (
-        dialect.update_picked(i, i.c.batch_id == bindparam("batch"), i.c.idx, pick)
+        dialect.update_picked(i, chunk, i.c.idx, pick)
         .values(
             state=ItemState.LEASED, lease_token=bindparam("token"), lease_until=bindparam("until")
         )
