@@ -25,7 +25,7 @@ from sqlalchemy import Float, Integer, String, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import queue
-from backfill.adapters.db.claims import LANES_PER_CLAIM, _lease_statement, pick_sql
+from backfill.adapters.db.claims import LANES_PER_CLAIM, lease_statement, pick_sql
 from backfill.adapters.db.dialect import POSTGRES
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import Chunker
@@ -142,13 +142,13 @@ async def run(admin_url: str, lines: int) -> None:
             }
             summaries.append(
                 await explain(
-                    conn, "claim: lease the chunk's lines", _lease_statement(POSTGRES), lease
+                    conn, "claim: lease the chunk's lines", lease_statement(POSTGRES), lease
                 )
             )
             idxs = list(range(0, 64))
-            terms = queue._batch_terms(POSTGRES).params(ids=[batch.id])
+            terms = queue.batch_terms(POSTGRES).params(ids=[batch.id])
             summaries.append(await explain(conn, "write: lock the batch's terms", terms))
-            held = queue._held(POSTGRES).params(batch=batch.id, idxs=idxs)
+            held = queue.locked_leases(POSTGRES).params(batch=batch.id, idxs=idxs)
             summaries.append(await explain(conn, "write: lock 64 leases", held))
             store_one = dict(
                 b_batch=batch.id,
@@ -161,7 +161,7 @@ async def run(admin_url: str, lines: int) -> None:
                 b_out=20,
             )
             summaries.append(
-                await explain(conn, "write: store a result", queue._STORE_RESULT, store_one)
+                await explain(conn, "write: store a result", queue.STORE_RESULT, store_one)
             )
             counts = dict(
                 batch=batch.id,
@@ -175,7 +175,7 @@ async def run(admin_url: str, lines: int) -> None:
                 d_numbered=64,
             )
             summaries.append(
-                await explain(conn, "write: count the results", queue._COUNT_RESULTS, counts)
+                await explain(conn, "write: count the results", queue.COUNT_RESULTS, counts)
             )
             await conn.rollback()
         print(f"\n{lines:,} queued lines, PostgreSQL:")

@@ -94,7 +94,7 @@ def _pick_statement(dialect: Dialect) -> TextClause:
 
 
 @functools.cache
-def _lease_statement(dialect: Dialect) -> Update:
+def lease_statement(dialect: Dialect) -> Update:
     """A claim's lease of one chunk's queued lines, built once per dialect: its parameters
     ``batch``, ``first``, ``end``, ``now``, ``limit``, ``token`` and ``until``."""
     i = t.items
@@ -251,7 +251,7 @@ class ClaimQueries(SqlBase):
     ) -> list[ClaimedItem]:
         rows = (
             await conn.execute(
-                _lease_statement(self.dialect),
+                lease_statement(self.dialect),
                 {
                     "batch": chunk.batch_id,
                     "first": chunk.first_idx,

@@ -55,7 +55,7 @@ _HELD = (
     )
     .order_by(_i.c.idx)
 )
-_STORE_RESULT = (
+STORE_RESULT = (
     update(_i)
     .where(_i.c.batch_id == bindparam("b_batch"), _i.c.idx == bindparam("b_idx"))
     .values(
@@ -70,7 +70,7 @@ _STORE_RESULT = (
         lease_until=None,
     )
 )
-_COUNT_RESULTS = (
+COUNT_RESULTS = (
     update(_b)
     .where(_b.c.id == bindparam("batch"))
     .values(
@@ -97,13 +97,13 @@ _CHARGE_ORG = (
 
 
 @functools.cache
-def _batch_terms(dialect: Dialect) -> Select[Any]:
+def batch_terms(dialect: Dialect) -> Select[Any]:
     """The written batches' terms, their rows locked (PostgreSQL), built once per dialect."""
     return dialect.for_update(_BATCH_TERMS)
 
 
 @functools.cache
-def _held(dialect: Dialect) -> Select[Any]:
+def locked_leases(dialect: Dialect) -> Select[Any]:
     """One batch's leased items among ``idxs``, their rows locked, built once per dialect."""
     return dialect.for_update(_HELD)
 
@@ -134,7 +134,7 @@ async def _apply(
     b = t.batches
     row = (
         await conn.execute(
-            _COUNT_RESULTS,
+            COUNT_RESULTS,
             {
                 "batch": batch_id,
                 "d_completed": settlement.completed,
@@ -176,7 +176,7 @@ class QueueQueries(SqlBase):
         # whole group's compute again.
         async with self.writing("storing results") as conn:
             batch_ids = sorted({r.batch_id for r in results})
-            rows = (await conn.execute(_batch_terms(self.dialect), {"ids": batch_ids})).all()
+            rows = (await conn.execute(batch_terms(self.dialect), {"ids": batch_ids})).all()
             terms = [_terms_of(row) for row in rows]
             # The last number handed out per batch, read under the batch row's lock (SQLite:
             # the one writer), so numbers commit in order and a reader never skips one.
@@ -204,7 +204,7 @@ class QueueQueries(SqlBase):
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
                 await conn.execute(
-                    _STORE_RESULT,
+                    STORE_RESULT,
                     [
                         {
                             "b_batch": r.batch_id,
@@ -254,7 +254,7 @@ class QueueQueries(SqlBase):
         by_batch: dict[str, set[int]] = {}
         for r in results:
             by_batch.setdefault(r.batch_id, set()).add(r.idx)
-        query = _held(self.dialect)
+        query = locked_leases(self.dialect)
         for batch_id in sorted(by_batch):
             params = {"batch": batch_id, "idxs": sorted(by_batch[batch_id])}
             for row in (await conn.execute(query, params)).all():
