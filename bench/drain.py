@@ -4,6 +4,8 @@
     PYTHONPATH=. python -m bench.drain --engine llama --requests 64 --concurrency 2 --max-tokens 32
     PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 \
         --max-tokens 32 --mode both     # the engine dedicated, then shared (no live traffic)
+    PYTHONPATH=. python -m bench.drain --pg postgresql://postgres@127.0.0.1:5432/test
+                                        # on SQLite, then on PostgreSQL, A-B-B-A
 
 The baseline sends every request straight to the engine with an aiohttp client holding
 ``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
@@ -12,7 +14,9 @@ the same ``max_concurrency``; its time runs from batch creation (file already up
 With ``--mode shared`` the engine is configured ``shared`` (docs/scheduling.md): with no live
 traffic on it, it should drain as fast as a dedicated one; ``--mode both`` runs the two,
 ``--rounds`` times each in A-B-B-A order (so a drift of the machine over the run falls on both
-alike), and reports each mode's mean.
+alike), and reports each mode's mean. With ``--pg`` (an admin URL) the same drain runs on
+SQLite and on a fresh PostgreSQL database, ``--rounds`` times each in A-B-B-A order; the CPU
+of the Backfill process is compared (PostgreSQL's own server processes are not counted).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
 
 import aiohttp
+import asyncpg
 import httpx
 import orjson
 
@@ -44,6 +50,12 @@ from bench.common import (
     upload,
     wait_batch,
     wait_http,
+)
+from bench.scale_workers import (
+    drop_database,
+    fresh_database,
+    postmaster_pid,
+    server_cpu_seconds,
 )
 
 LLAMA_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -81,23 +93,32 @@ def _own_cpu() -> float:
 
 
 def run_backfill(
-    config: Path, data: Path, log: Path, source: Path, total: int, poll_s: float
-) -> tuple[float, float]:
+    config: Path,
+    data: Path,
+    log: Path,
+    source: Path,
+    total: int,
+    poll_s: float,
+    server_cpu: Callable[[], float] = lambda: 0.0,
+) -> tuple[float, float, float]:
+    """(seconds, CPU seconds of the Backfill process, of ``server_cpu``) from batch creation
+    to its end."""
     process, base, key = start_backfill(config, data, log)
     try:
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600
         )
         file_id = upload(client, source)
-        cpu_before = cpu_seconds(process.pid)
+        cpu_before, server_before = cpu_seconds(process.pid), server_cpu()
         start = time.perf_counter()
         batch = wait_batch(client, create_batch(client, file_id), poll_s)
         elapsed = time.perf_counter() - start
         cpu = cpu_seconds(process.pid) - cpu_before
+        server = server_cpu() - server_before
         counts = batch["request_counts"]
         if batch["status"] != "completed" or counts["completed"] != total:
             raise RuntimeError(f"batch ended {batch['status']} with {counts}")
-        return elapsed, cpu
+        return elapsed, cpu, server
     finally:
         stop(process)
 
@@ -131,6 +152,71 @@ def start_llama() -> tuple[subprocess.Popen[bytes], str]:
     return process, f"http://127.0.0.1:{port}/v1"
 
 
+def compare_databases(args: argparse.Namespace) -> None:
+    """The same drain on SQLite and on PostgreSQL: the Backfill process's CPU per request."""
+    rounds = args.rounds or 2
+    order = [
+        d for r in range(rounds) for d in (("sqlite", "pg") if r % 2 == 0 else ("pg", "sqlite"))
+    ]
+    engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
+    measured: dict[str, list[tuple[float, float, float]]] = {"sqlite": [], "pg": []}
+    postmaster = asyncio.run(_postmaster(args.pg))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            lines = [request_line(i, args.max_tokens) for i in range(args.requests)]
+            source = work / "input.jsonl"
+            source.write_bytes(b"".join(lines))
+            for n, database in enumerate(order):
+                db_url = asyncio.run(fresh_database(args.pg)) if database == "pg" else None
+                extra = f'database_url = "{db_url}"' if db_url else ""
+                config = sim_config(work / f"{n}.toml", url, args.concurrency, extra)
+                try:
+                    measured[database].append(
+                        run_backfill(
+                            config,
+                            work / f"data-{n}",
+                            work / f"server-{n}.log",
+                            source,
+                            args.requests,
+                            poll_s=0.05,
+                            server_cpu=_server_cpu(postmaster if database == "pg" else None),
+                        )
+                    )
+                finally:
+                    if db_url:
+                        asyncio.run(drop_database(args.pg, db_url))
+    finally:
+        stop(engine)
+    n = args.requests
+    print(f"{n} requests, concurrency {args.concurrency}, {rounds} rounds (means)")
+    cpu = {}
+    for database, runs in measured.items():
+        took, cpu[database] = mean(r[0] for r in runs), mean(r[1] for r in runs)
+        server = mean(r[2] for r in runs)
+        print(
+            f"{database:<7}: {took:7.2f} s  {n / took:8.1f} req/s  "
+            f"Backfill CPU {cpu[database] / n * 1000:.3f} s per 1,000 requests"
+            + (f", PostgreSQL server {server / n * 1000:.3f} s" if database == "pg" else "")
+        )
+    print(f"PostgreSQL / SQLite, Backfill CPU per request: {cpu['pg'] / cpu['sqlite']:.2f}x")
+
+
+async def _postmaster(admin_url: str) -> int | None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        return postmaster_pid(int(await conn.fetchval("SELECT pg_backend_pid()")))
+    finally:
+        await conn.close()
+
+
+def _server_cpu(postmaster: int | None) -> Callable[[], float]:
+    """The PostgreSQL server's CPU so far (0 where its processes are not visible here)."""
+    if postmaster is None:
+        return lambda: 0.0
+    return lambda: server_cpu_seconds(postmaster)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", choices=["sim", "llama"], default="sim")
@@ -139,7 +225,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--mode", choices=["dedicated", "shared", "both"], default="dedicated")
     parser.add_argument("--rounds", type=int, default=None, help="default: 2 with both, else 1")
+    parser.add_argument("--pg", default=None, help="also on PostgreSQL (its admin URL)")
     args = parser.parse_args()
+    if args.pg:
+        compare_databases(args)
+        return
     modes = ["dedicated", "shared"] if args.mode == "both" else [args.mode]
     rounds = args.rounds or (2 if args.mode == "both" else 1)
     order = [m for r in range(rounds) for m in (modes if r % 2 == 0 else modes[::-1])]
@@ -161,7 +251,7 @@ def main() -> None:
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
             base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
-            measured: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+            measured: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
             for n, mode in enumerate(order):
                 config = sim_config(
                     work / f"{mode}.toml", url, args.concurrency, engine=f'mode = "{mode}"'
@@ -191,7 +281,7 @@ def main() -> None:
     print(
         f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests"
     )
-    runs = {m: (mean(t for t, _ in ts), mean(c for _, c in ts)) for m, ts in measured.items()}
+    runs = {m: (mean(r[0] for r in ts), mean(r[1] for r in ts)) for m, ts in measured.items()}
     for mode, (backfill_s, cpu) in runs.items():
         label = "backfill up" if mode == "dedicated" else f"backfill up ({mode})"
         print(
