@@ -208,6 +208,22 @@ async def test_an_overloaded_shared_slot_pauses_until_retry_after() -> None:
     assert slot.in_flight == 2  # half of the starting limit of four
 
 
+async def test_a_pause_moved_later_by_another_overload_still_ends_in_a_start() -> None:
+    """A second 429 while the first pause's timer waits moves the pause later; the first timer
+    then waits on instead of leaving the backlog stuck until something else wakes the slot."""
+    engine = SwitchableEngine(max_concurrency=8)
+    recorder = Recorder()
+    slot = EngineSlot(engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED))
+    assert await slot.check()
+    slot.overloaded(0.05)
+    slot.overloaded(0.3)
+    slot.offer(work("batch_a", 3))
+    await asyncio.sleep(0.15)
+    assert slot.in_flight == 0  # the first timer fired inside the longer pause
+    await asyncio.sleep(0.4)
+    assert slot.in_flight == 1  # a quarter of the starting limit of four
+
+
 async def test_a_dedicated_slot_ignores_pressure_and_overload() -> None:
     engine = SwitchableEngine(max_concurrency=4)
     recorder = Recorder()

@@ -136,6 +136,10 @@ class Dispatcher:
             slot.offer(share)
         return len(queued)
 
+    def wake(self) -> None:
+        """Claim now: lines just went back to the queue."""
+        self._pool.wake()
+
     def pause(self, orgs: Iterable[str]) -> None:
         """Start no more GPU-time work of these orgs until a balance check finds credit."""
         self._paused |= set(orgs)

@@ -189,13 +189,26 @@ class EngineSlot:
     def pressure(self, pressure: Pressure | None) -> None:
         """The engine's metrics were read (None: they could not be)."""
         if pressure is None:
+            before = self.governor.limit
             self.governor.on_metrics_lost()
+            if self.governor.limit != before:
+                self._retune()
         elif self.governor.on_pressure(pressure, self._in_flight):
             self._retune()
 
     def _resumed(self) -> None:
         self._resume = None
+        # Another 429 may have moved the pause later while this timer waited: wait on.
+        left = self.governor.paused_until - time.monotonic()
+        if left > 0:
+            self._resume = asyncio.get_running_loop().call_later(left, self._resumed)
+            return
         self._retune()
+
+    def wake_in(self, delay_s: float) -> None:
+        """Look for work again after ``delay_s``: a line this slot gave back with a backoff is
+        claimable then, and nothing else would wake an idle dispatcher for it."""
+        asyncio.get_running_loop().call_later(delay_s, self._wake)
 
     def _retune(self) -> None:
         """The limit moved: start what now fits, and claim more if it grew."""

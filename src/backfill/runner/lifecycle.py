@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
@@ -33,7 +34,10 @@ class Lifecycle:
         dispatcher: Dispatcher,
         requests: RequestRunner,
         clock: Clock,
+        on_ended: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_ended`` is told when a finalize here ended a batch (its notifications are due)."""
+        self._on_ended = on_ended
         self._batches = batches
         self._queue = queue
         self._finalizer = finalizer
@@ -56,6 +60,8 @@ class Lifecycle:
         leases to requeue)."""
         now = self._clock.now()
         requeued = await self._queue.requeue_expired(now)
+        if requeued:
+            self._dispatcher.wake()
         batches = await self._batches.lifecycle_batches(now)
         for batch in batches:
             status = batch.status
@@ -101,6 +107,7 @@ class Lifecycle:
                 self._finalize_after[batch.id] = time.monotonic() + REFINALIZE_S
             else:
                 self._finalize_after.pop(batch.id, None)
+                self._on_ended()
 
         task = asyncio.create_task(run(), name=f"finalize-{batch.id}")
         self._finalizing[batch.id] = task

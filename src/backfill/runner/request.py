@@ -158,6 +158,7 @@ class RequestRunner:
                     return
                 delay = self._retry_max_s
             await self._leases.release(batch.id, item.idx, self._clock.now() + delay)
+            slot.wake_in(delay)
         finally:
             free()
             if metered is not None:

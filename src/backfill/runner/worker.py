@@ -145,10 +145,15 @@ class Worker:
         self._clock = clock
         self._janitor = janitor
         self._planner = planner
-        # A plan that changes nothing (no batch runs) is made less often, up to six intervals
-        # apart; a batch created here brings the next one back to the interval.
+        # A plan that changes nothing (no batch runs) is made less often, up to two intervals
+        # apart (within the planner's lease of three); a batch created here brings the next
+        # one back to the interval.
         plan_s = planner.interval_s if planner is not None else 1.0
-        self._planner_pace = Pace(plan_s, 6 * plan_s)
+        self._planner_pace = Pace(plan_s, 2 * plan_s)
+        # A batch ended here has notifications due: the notifier looks within its interval.
+        self._notify_pace = Pace(
+            notifier.interval_s if notifier is not None else 1.0, config.idle_poll_s
+        )
         self._metrics = metrics or Metrics()
         self._loops = Loops()
         self._leases = Leases(store, clock, config.lease_s)
@@ -226,7 +231,14 @@ class Worker:
             on_started=self.note_created,
         )
         self._lifecycle = Lifecycle(
-            store, store, finalizer, validating, self._dispatcher, self._requests, clock
+            store,
+            store,
+            finalizer,
+            validating,
+            self._dispatcher,
+            self._requests,
+            clock,
+            on_ended=self._notify_pace.hurry,
         )
 
     async def start(self) -> None:
@@ -243,8 +255,7 @@ class Worker:
         loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self._notifier is not None:
-            pace = Pace(self._notifier.interval_s, config.idle_poll_s)
-            loops.poll("notify", pace, self._notifier.step)
+            loops.poll("notify", self._notify_pace, self._notifier.step)
         if self._on_demand.slots:
             loops.poll("engines-on-demand", self._on_demand_pace, self._on_demand.step)
         if self._planner is not None:

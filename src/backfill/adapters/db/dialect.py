@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
@@ -133,11 +134,10 @@ class _Sqlite:
         # Under WAL a reader sees every committed write and blocks no writer; each connection
         # has its own thread, where SQLite runs without the GIL. A private in-memory database
         # exists only on its one connection.
-        if ":memory:" in url or "mode=memory" in url:
+        if make_url(url).database in (None, "", ":memory:") or "mode=memory" in url:
             return None
-        # No rollback when a connection goes back to the pool (a round trip to its thread):
-        # Python's sqlite3 opens no transaction for a SELECT, and these connections can do
-        # nothing else.
+        # No second rollback when a connection goes back to the pool (closing the connection
+        # already ended its transaction): one round trip less to its thread per read.
         engine = create_async_engine(
             url,
             poolclass=AsyncAdaptedQueuePool,
