@@ -109,15 +109,20 @@ async def test_an_auth_brake_is_retried_automatically_only_when_short(
         assert braked.headers["x-should-retry"] == retry
 
 
+def listing_fails(bf: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GET /v1/batches`` meets a passing storage fault (503) until the test ends."""
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise StorageError("The database did not answer; nothing was changed.")
+
+    monkeypatch.setattr(bf.backfill.services.batches, "list", down)
+
+
 async def test_a_passing_storage_fault_is_retried_after_a_second(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with queue_only(tmp_path) as bf:
-
-        async def down(*_: Any, **__: Any) -> Any:
-            raise StorageError("The database did not answer; nothing was changed.")
-
-        monkeypatch.setattr(bf.backfill.services.batches, "list", down)
+        listing_fails(bf, monkeypatch)
         response = await bf.client.get("/v1/batches")
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "storage_unavailable"
@@ -176,11 +181,7 @@ async def test_the_sdk_retries_a_passing_fault_as_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with queue_only(tmp_path) as bf:
-
-        async def down(*_: Any, **__: Any) -> Any:
-            raise StorageError("The database did not answer; nothing was changed.")
-
-        monkeypatch.setattr(bf.backfill.services.batches, "list", down)
+        listing_fails(bf, monkeypatch)
         async with sdk(bf, max_retries=1) as (client, transport):
             with pytest.raises(openai.InternalServerError):
                 await client.batches.list()

@@ -94,7 +94,6 @@ class _Server(uvicorn.Server):
         # uvicorn looks ten times a second whether to stop. Once a second (the Date header's
         # resolution) is enough when a signal ends the wait itself: every wake-up of an idle
         # server is CPU taken from an engine on the same cores (docs/performance.md).
-        self._exit_soon = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         counter = 0
         while not await self.on_tick(counter):

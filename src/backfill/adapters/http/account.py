@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from backfill.adapters.http.auth import bearer
 from backfill.adapters.http.deps import principal, services
-from backfill.adapters.http.presenters import list_object, money_object
+from backfill.adapters.http.presenters import api_key_object, list_object, money_object
 from backfill.adapters.http.responses import json_response
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import BatchCharges, EntryKind, LedgerEntry, OrgAccount
@@ -68,15 +68,9 @@ async def api_key(request: Request, caller: Caller, svc: Svc) -> Response:
     del caller  # authenticated (and its use recorded) by the dependency
     secret = bearer(request.scope["headers"]) or b""
     found = await svc.account.identity(secret.decode("latin-1"))
-    key = found.key
     return json_response(
         {
-            "id": key.id,
-            "object": "api_key",
-            "name": key.name,
-            "prefix": key.prefix,
-            "scopes": sorted(key.scopes),
-            "created_at": key.created_at,
+            **api_key_object(found.key),
             "organization": {"id": found.org.id, "name": found.org.name},
         }
     )

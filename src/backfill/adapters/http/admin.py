@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
-from backfill.adapters.http.presenters import list_object, model_object
+from backfill.adapters.http.presenters import api_key_object, list_object, model_object
 from backfill.adapters.http.responses import json_response
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
@@ -120,12 +120,7 @@ def org_object(org: Org) -> dict[str, Any]:
 
 def key_object(key: ApiKey) -> dict[str, Any]:
     return {
-        "id": key.id,
-        "object": "api_key",
-        "name": key.name,
-        "prefix": key.prefix,
-        "scopes": sorted(key.scopes),
-        "created_at": key.created_at,
+        **api_key_object(key),
         "last_used_at": key.last_used_at,
         "revoked_at": key.revoked_at,
     }

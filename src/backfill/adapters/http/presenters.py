@@ -9,7 +9,7 @@ from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import DeliveryState, Notification
-from backfill.domain.records import BatchRecord, Receipt
+from backfill.domain.records import ApiKey, BatchRecord, Receipt
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:
@@ -177,4 +177,16 @@ def notification_object(n: Notification) -> dict[str, Any]:
         "next_attempt_at": int(n.next_at) if pending else None,
         "delivered_at": n.delivered_at,
         "created_at": n.created_at,
+    }
+
+
+def api_key_object(key: ApiKey) -> dict[str, Any]:
+    """A key as the API shows it to its holder and to an admin: never its secret."""
+    return {
+        "id": key.id,
+        "object": "api_key",
+        "name": key.name,
+        "prefix": key.prefix,
+        "scopes": sorted(key.scopes),
+        "created_at": key.created_at,
     }
