@@ -62,6 +62,7 @@ class Measured:
     transfer_s: float
     upload_s: float
     total_s: float
+    queued_s: float
     rss_before: float
     rss: float
 
@@ -119,12 +120,20 @@ def measure(name: str, lines: Iterator[bytes], work: Path, sink: Sink) -> Measur
         )
         created.raise_for_status()
         total_s = time.perf_counter() - start
+        batch = created.json()
+        # A large batch answers ``validating`` and is queued in the background.
+        while batch["status"] == "validating":
+            time.sleep(0.05)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        queued_s = time.perf_counter() - start
+        if batch["status"] != "in_progress":
+            raise RuntimeError(f"the batch is {batch['status']}: {batch.get('errors')}")
         rss = peak_rss_mb(process.pid)
     finally:
         stop(process)
     mib = source.stat().st_size / (1 << 20)
     source.unlink()
-    return Measured(name, mib, transfer, upload_s, total_s, rss_before, rss)
+    return Measured(name, mib, transfer, upload_s, total_s, queued_s, rss_before, rss)
 
 
 def report(m: Measured, lines: int) -> None:
@@ -133,8 +142,9 @@ def report(m: Measured, lines: int) -> None:
     print(f"  upload + validation    : {m.upload_s:6.1f} s  {m.transfer_s / m.upload_s:.2f}x")
     print(
         f"    + batch creation     : {m.total_s:6.1f} s  (target <= 60 s: "
-        f"{'met' if m.total_s <= 60 else 'MISSED'})"
+        f"{'met' if m.total_s <= 60 else 'MISSED'}), the answer"
     )
+    print(f"    + every line queued  : {m.queued_s:6.1f} s  (in_progress)")
     print(
         f"  server peak RSS        : {m.rss:6.0f} MB (before the upload {m.rss_before:.0f} MB; "
         f"target <= 300 MB: {'met' if m.rss <= 300 else 'MISSED'})"
@@ -159,7 +169,7 @@ def main() -> None:
     if len(results) == 2:
         plain, sectioned = results
         print(
-            f"sectioned vs plain: accept time {sectioned.total_s / plain.total_s:.2f}x, "
+            f"sectioned vs plain: time to in_progress {sectioned.queued_s / plain.queued_s:.2f}x, "
             f"peak RSS {sectioned.rss / plain.rss:.2f}x, bytes sent "
             f"{sectioned.mib / plain.mib:.2f}x"
         )

@@ -115,6 +115,7 @@ class Backfill:
             await self.worker.start()
 
     async def stop(self) -> None:
+        await self.services.batches.stop()
         if self.worker is not None:
             await self.worker.stop()
         await asyncio.gather(*(p.stop() for p in [*self.processes, *self.on_demand]))
@@ -370,6 +371,7 @@ def build(
     # worker, sends them.
     webhooks = _webhooks(settings)
     worker: Worker | None = None
+    starter = BatchStarter(store, files, clock)
     built = _Engines()
     if role in ("all", "worker"):
         if engines is None:
@@ -383,7 +385,7 @@ def build(
             clock,
             WorkerConfig.from_settings(settings, sole_worker=role == "all" and store.is_sqlite),
             catalog,
-            BatchStarter(store, files, clock),
+            starter,
             Janitor(
                 store,
                 files,
@@ -414,6 +416,7 @@ def build(
         max_window_s=settings.max_completion_window_s,
         idempotency_required=settings.idempotency_required,
         limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
+        starter=starter,
         events=worker,
         deadline_admission=settings.deadline_admission,
         webhook_refusal=webhooks.refusal,

@@ -9,6 +9,7 @@ Faults are real: blobs are deleted from the local store, or its reads fail with 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from contextlib import AbstractAsyncContextManager
@@ -305,3 +306,67 @@ async def test_cancel_between_enqueue_chunks_leaves_no_item_behind(
             ).scalar_one()
         assert items == 0
         assert await org_reserved(bf) == 0
+
+
+# ---- a large batch is queued after its creation answers ----------------------------------------
+
+
+async def test_large_batch_answers_validating_and_is_queued_once_in_the_background(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its creation answers before its lines are queued; the worker's takeover of batches left
+    ``validating`` (no grace here) does not queue it a second time meanwhile."""
+    async with in_process_backfill(tmp_path, sim[0], validating_grace_s=0.0) as bf:
+        bf.backfill.services.batches.answer_early_lines = 5
+        store = bf.backfill.store
+        real_add = store.add_items
+        gate = asyncio.Event()
+        entered: list[str] = []
+
+        async def add_items(batch_id: str, chunks: Any) -> bool:
+            entered.append(batch_id)
+            await gate.wait()
+            return await real_add(batch_id, chunks)
+
+        monkeypatch.setattr(store, "add_items", add_items)
+        created = (await bf.create(await uploaded(bf))).json()
+        assert created["status"] == "validating", created
+        assert created["request_counts"]["total"] == 20
+        # Several lifecycle rounds see the batch validating past its grace.
+        await asyncio.sleep(1.0)
+        assert entered == [created["id"]]
+        gate.set()
+
+        batch = await bf.wait(created["id"], timeout_s=30)
+        assert batch["status"] == "completed", batch
+        assert_exactly_once(ROWS, await bf.rows(batch["output_file_id"]), [])
+        assert await org_reserved(bf) == 0
+
+
+async def test_queueing_stopped_by_shutdown_resumes_at_the_next_start(
+    tmp_path: Path, sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with in_process_backfill(tmp_path, sim[0]) as bf:
+        batches = bf.backfill.services.batches
+        batches.answer_early_lines = 5
+        store = bf.backfill.store
+        real_add = store.add_items
+        gate = asyncio.Event()
+
+        async def add_items(batch_id: str, chunks: Any) -> bool:
+            await gate.wait()
+            return await real_add(batch_id, chunks)
+
+        monkeypatch.setattr(store, "add_items", add_items)
+        created = (await bf.create(await uploaded(bf))).json()
+        await asyncio.sleep(0.1)
+        await batches.stop()
+        assert (await bf.client.get(f"/v1/batches/{created['id']}")).json()[
+            "status"
+        ] == "validating"
+
+        gate.set()
+        await batches.resume_interrupted()
+        batch = await bf.wait(created["id"], timeout_s=30)
+        assert batch["status"] == "completed", batch
+        assert_exactly_once(ROWS, await bf.rows(batch["output_file_id"]), [])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from backfill.domain import batchrouter, ids
 from backfill.domain.batch_request import CreateBatchRequest
@@ -29,6 +30,12 @@ from backfill.services.files import FileService
 log = logging.getLogger("backfill.batches")
 
 MAX_IDEMPOTENCY_KEY = 256
+# A batch of more lines than this answers its creation ``validating`` and is queued in the
+# background, moving to ``in_progress`` once every line is in: queueing a million lines takes
+# seconds, and an answer that waits for it would make the client's timeout (or a proxy's)
+# depend on the file's size. Smaller batches, the size hosted batch APIs allow, answer
+# ``in_progress``.
+ANSWER_EARLY_LINES = 50_000
 # A creation interrupted by a passing storage or database fault is retried this often at most.
 ENQUEUE_RETRY_MAX_S = 60.0
 
@@ -54,6 +61,29 @@ def _unreadable(file_id: str, exc: BackfillError) -> ContentUnreadable:
     )
 
 
+_T = TypeVar("_T")
+
+
+async def _read_ahead(pages: AsyncIterator[_T]) -> AsyncIterator[_T]:
+    """``pages``, the next one read and decoded while the caller stores the one before: the
+    database writes in its own thread, so a million-line creation keeps both cores busy."""
+    upcoming: asyncio.Future[_T] = asyncio.ensure_future(anext(pages))
+    try:
+        while True:
+            try:
+                page = await upcoming
+            except StopAsyncIteration:
+                return
+            upcoming = asyncio.ensure_future(anext(pages))
+            yield page
+    finally:
+        upcoming.cancel()
+        # Ended before the generator is closed: closing one that is still running fails.
+        await asyncio.wait([upcoming])
+        with contextlib.suppress(StopAsyncIteration, asyncio.CancelledError, Exception):
+            upcoming.result()
+
+
 class BatchStarter:
     """Turns a committed ``validating`` batch into queue items, then ``in_progress``. The API
     uses it at creation; the worker's lifecycle uses it for a batch nobody is starting (its
@@ -64,13 +94,25 @@ class BatchStarter:
         self._store = store
         self._files = files
         self._clock = clock
+        # Batches this process is queueing now. The API's creation and the worker's takeover
+        # share one starter, so a large file still being queued is not queued twice here.
+        self._queuing: set[str] = set()
 
     async def queue(self, batch: BatchRecord) -> bool:
         """One queue item per input line, safe to run again; False once the batch is no longer
-        ``validating`` or its input cannot be read at all (it is failed then). A passing
-        storage or database fault is raised."""
+        ``validating``, its input cannot be read at all (it is failed then), or this process
+        is queueing it already. A passing storage or database fault is raised."""
+        if batch.id in self._queuing:
+            return False
+        self._queuing.add(batch.id)
         try:
-            async for chunks in chunked(self._files.lines(batch.input_file_id)):
+            return await self._queue(batch)
+        finally:
+            self._queuing.discard(batch.id)
+
+    async def _queue(self, batch: BatchRecord) -> bool:
+        try:
+            async for chunks in _read_ahead(chunked(self._files.lines(batch.input_file_id))):
                 if not await self._store.add_items(batch.id, chunks):
                     return False
         except (ContentUnreadable, NotFound) as exc:
@@ -118,6 +160,7 @@ class BatchService:
         max_window_s: float,
         idempotency_required: bool = False,
         limits: OrgLimits | None = None,
+        starter: BatchStarter | None = None,
         events: BatchEvents | None = None,
         deadline_admission: bool = True,
         webhook_refusal: Callable[[str], str | None] | None = None,
@@ -139,8 +182,11 @@ class BatchService:
         self._health = health
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
+        # Large batches being queued after their creation answered, by batch id.
+        self._queuing: dict[str, asyncio.Task[None]] = {}
         self.enqueue_retry_base_s = 1.0
-        self._starter = BatchStarter(store, files, clock)
+        self.answer_early_lines = ANSWER_EARLY_LINES
+        self._starter = starter or BatchStarter(store, files, clock)
 
     async def create(
         self,
@@ -197,9 +243,18 @@ class BatchService:
             raise _unreadable(file_id, exc) from None
 
     async def _start(self, batch: BatchRecord) -> None:
-        """Enqueue a committed batch. A permanent cause fails it (its credit goes back); a
-        passing one leaves it ``validating`` and tries again in the background (and a worker's
-        lifecycle takes it over should this process go away)."""
+        """Enqueue a committed batch, a large one in the background (``ANSWER_EARLY_LINES``)."""
+        if batch.total <= self.answer_early_lines:
+            await self._enqueue(batch)
+        elif batch.id not in self._queuing:
+            task = asyncio.create_task(self._enqueue(batch), name=f"queue-{batch.id}")
+            self._queuing[batch.id] = task
+            task.add_done_callback(lambda _: self._queuing.pop(batch.id, None))
+
+    async def _enqueue(self, batch: BatchRecord) -> None:
+        """A permanent cause fails the batch (its credit goes back); a passing one leaves it
+        ``validating`` and tries again in the background (and a worker's lifecycle takes it
+        over should this process go away)."""
         try:
             started = await self._starter.start(batch)
         except Exception as exc:
@@ -240,6 +295,15 @@ class BatchService:
             except Exception:
                 # The first failure was logged with its traceback by _start.
                 log.debug("enqueue of %s failed again", batch.id, exc_info=True)
+
+    async def stop(self) -> None:
+        """Stop queueing and retrying: what is left stays ``validating``, and is resumed at the
+        next start (``resume_interrupted``) or by a worker's lifecycle."""
+        tasks = [*self._queuing.values(), *self._retries.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def resume_interrupted(self) -> None:
         """Finish creations a crash interrupted between the batch row and its items."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.bulk import BulkInsert
 from backfill.adapters.db.claims import ChunkState, drop_chunks, open_lane
+from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.files import retained_input
 from backfill.adapters.db.outbox import enqueue_terminal
@@ -38,6 +41,15 @@ _ITEMS_WELCOME = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
 # A status poll's read, built once: every poll of every client runs it.
 _BATCH_BY_ID = select(t.batches).where(t.batches.c.id == bindparam("batch"))
 _ORGS_BATCH = _BATCH_BY_ID.where(t.batches.c.org_id == bindparam("org"))
+
+
+@functools.cache
+def _insert_items(dialect: Dialect) -> BulkInsert:
+    """A batch's queued lines: a million of them at creation, so straight to the driver."""
+    return BulkInsert(
+        dialect.insert_ignoring(t.items),
+        ["batch_id", "idx", "offset", "length", "custom_id", "state", "chunk"],
+    )
 
 
 def _pages(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
@@ -179,19 +191,13 @@ class BatchQueries(SqlBase):
                 batch = (await conn.execute(self.dialect.for_update(query))).first()
                 if batch is None or batch.status not in _ITEMS_WELCOME:
                     return False
-                await conn.execute(
-                    self.dialect.insert_ignoring(t.items),
+                queued = ItemState.QUEUED
+                await _insert_items(self.dialect).run(
+                    conn,
                     [
-                        {
-                            "batch_id": batch_id,
-                            "idx": line.idx,
-                            "offset": line.offset,
-                            "length": line.length,
-                            "custom_id": line.custom_id,
-                            "state": ItemState.QUEUED,
-                            "chunk": chunk.chunk,
-                        }
+                        (batch_id, line.idx, line.offset, line.length, line.custom_id, queued, c)
                         for chunk in rows
+                        for c in (chunk.chunk,)
                         for line in chunk.lines
                     ],
                 )

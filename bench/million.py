@@ -1,0 +1,221 @@
+"""A 1,000,000-request batch end to end on the simulator (tiny outputs): accepting it, draining
+it, finalizing it and downloading its output, each phase with its time and the server's peak
+RSS over that phase, and Backfill's CPU per 1,000 requests over the whole run.
+
+    PYTHONPATH=. python -m bench.million [--lines 1000000] [--concurrency 128]
+
+Baselines measured in the same run: the upload against a socket that reads and drops the same
+bytes, and the download against a socket that sends the output file's bytes as they are (both
+over local HTTP), so the ratios show what Backfill adds on top of moving the bytes. The peak RSS
+of a phase is the process's high-water mark, reset (``/proc/PID/clear_refs``) as it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.accept_1m import Sink, plain_lines
+from bench.common import (
+    cpu_seconds,
+    multipart,
+    peak_rss_mb,
+    sim_config,
+    start_backfill,
+    start_simulator,
+    stop,
+)
+
+# Targets of the performance issue's fourth item.
+ACCEPT_S, ACCEPT_MB = 6.0, 200.0
+FINALIZE_S, FINALIZE_MB = 20.0, 300.0
+DOWNLOAD_MBPS = 200.0
+CPU_PER_1K = 0.20 * 1.10
+
+
+def reset_peak(pid: int) -> None:
+    """Start the process's RSS high-water mark over from its current RSS."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+class Source:
+    """An HTTP endpoint on 127.0.0.1 that answers every request with one file's bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self._server.accept()
+            with conn:
+                conn.recv(1 << 16)
+                size = self._path.stat().st_size
+                conn.sendall(
+                    f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n"
+                    "Connection: close\r\n\r\n".encode()
+                )
+                with self._path.open("rb") as fh:
+                    conn.sendfile(fh)
+
+
+def download(client: httpx.Client, url: str, into: Path | None = None) -> tuple[float, int]:
+    """Seconds and bytes to read ``url``'s body (kept in ``into`` when given)."""
+    size = 0
+    start = time.perf_counter()
+    with client.stream("GET", url) as response:
+        response.raise_for_status()
+        out = into.open("wb") if into else None
+        try:
+            for data in response.iter_raw(1 << 20):
+                size += len(data)
+                if out:
+                    out.write(data)
+        finally:
+            if out:
+                out.close()
+    return time.perf_counter() - start, size
+
+
+@dataclass
+class Phase:
+    name: str
+    seconds: float
+    peak_mb: float
+    baseline_s: float | None = None
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def run(lines: int, concurrency: int, work: Path) -> None:
+    source = work / "input.jsonl"
+    with source.open("wb") as out:
+        out.writelines(plain_lines(lines))
+    mib = source.stat().st_size / (1 << 20)
+    engine, engine_url = start_simulator("--ttft-ms", "5", "--itl-ms", "0", "--output-tokens", "2")
+    config = sim_config(work / "million.toml", engine_url, concurrency)
+    process, base, key = start_backfill(config, work / "data", work / "server.log")
+    phases: list[Phase] = []
+    try:
+        client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=900
+        )
+        body, content_type = multipart(source)
+        start = time.perf_counter()
+        sink = Sink()
+        httpx.post(sink.url, content=body, headers={"Content-Type": content_type})
+        sent_s = time.perf_counter() - start
+
+        cpu_start = cpu_seconds(process.pid)
+        reset_peak(process.pid)
+        body, content_type = multipart(source)
+        start = time.perf_counter()
+        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
+        uploaded.raise_for_status()
+        created = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        created.raise_for_status()
+        phases.append(
+            Phase("accept", time.perf_counter() - start, peak_rss_mb(process.pid), sent_s)
+        )
+        batch = created.json()
+        # It answers ``validating``; its lines are queued in the background.
+        while batch["status"] == "validating":
+            time.sleep(0.05)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        phases.append(Phase("queue", time.perf_counter() - start, peak_rss_mb(process.pid)))
+
+        reset_peak(process.pid)
+        start = time.perf_counter()
+        while batch["status"] not in ("finalizing", "completed", "failed", "cancelled"):
+            time.sleep(0.05)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        drained = time.perf_counter()
+        phases.append(Phase("drain", drained - start, peak_rss_mb(process.pid)))
+
+        reset_peak(process.pid)
+        while batch["status"] == "finalizing":
+            time.sleep(0.05)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        phases.append(Phase("finalize", time.perf_counter() - drained, peak_rss_mb(process.pid)))
+        counts = batch["request_counts"]
+        if batch["status"] != "completed" or counts["completed"] != lines:
+            raise RuntimeError(f"batch ended {batch['status']} with {counts}")
+
+        reset_peak(process.pid)
+        output = work / "output.jsonl"
+        took, size = download(client, f"/v1/files/{batch['output_file_id']}/content", output)
+        bare_s, bare_size = download(httpx.Client(timeout=900), Source(output).url)
+        assert bare_size == size, (bare_size, size)
+        phases.append(Phase("download", took, peak_rss_mb(process.pid), bare_s))
+        cpu = cpu_seconds(process.pid) - cpu_start
+    finally:
+        stop(process)
+        stop(engine)
+
+    accept, queue, drain, finalize, fetch = phases
+    out_mb = size / 1e6
+    print(f"{lines} requests, {mib:.0f} MiB in, {out_mb:.0f} MB out, concurrency {concurrency}")
+    print(
+        f"  accept (upload + validation + creation): {accept.seconds:6.1f} s  "
+        f"({accept.baseline_s / accept.seconds:.2f}x sending the bytes only, "
+        f"{accept.baseline_s:.1f} s), peak RSS {accept.peak_mb:.0f} MB  "
+        f"target <= {ACCEPT_S:.0f} s: {verdict(accept.seconds <= ACCEPT_S)}, "
+        f"<= {ACCEPT_MB:.0f} MB: {verdict(accept.peak_mb <= ACCEPT_MB)}"
+    )
+    print(
+        f"  every line queued (in_progress): {queue.seconds:6.1f} s from the upload's start, "
+        f"peak RSS {queue.peak_mb:.0f} MB"
+    )
+    print(
+        f"  drain: {drain.seconds:6.1f} s  {lines / drain.seconds:.0f} req/s, "
+        f"peak RSS {drain.peak_mb:.0f} MB"
+    )
+    print(
+        f"  finalize: {finalize.seconds:6.1f} s, peak RSS {finalize.peak_mb:.0f} MB  "
+        f"target <= {FINALIZE_S:.0f} s: {verdict(finalize.seconds <= FINALIZE_S)}, "
+        f"<= {FINALIZE_MB:.0f} MB: {verdict(finalize.peak_mb <= FINALIZE_MB)}"
+    )
+    speed = out_mb / fetch.seconds
+    assert fetch.baseline_s is not None
+    print(
+        f"  download: {fetch.seconds:6.2f} s  {speed:.0f} MB/s "
+        f"({fetch.baseline_s / fetch.seconds:.2f}x a bare socket's {out_mb / fetch.baseline_s:.0f}"
+        f" MB/s), peak RSS {fetch.peak_mb:.0f} MB  "
+        f"target >= {DOWNLOAD_MBPS:.0f} MB/s: {verdict(speed >= DOWNLOAD_MBPS)}"
+    )
+    per_1k = cpu / lines * 1000
+    print(
+        f"  Backfill CPU over the whole run: {cpu:.1f} s, {per_1k:.3f} s per 1,000 requests  "
+        f"target <= {CPU_PER_1K:.2f} s: {verdict(per_1k <= CPU_PER_1K)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--concurrency", type=int, default=128)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args.lines, args.concurrency, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
