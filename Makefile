@@ -58,6 +58,7 @@ bench: $(STAMP)
 	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32 --mode both
 	PYTHONPATH=. $(PY) -m bench.quiet
 	PYTHONPATH=. $(PY) -m bench.accept_1m
+	PYTHONPATH=. $(PY) -m bench.million
 	PYTHONPATH=. $(PY) -m bench.scale_workers
 	PYTHONPATH=. $(PY) -m bench.explain
 	PYTHONPATH=. $(PY) -m bench.polls

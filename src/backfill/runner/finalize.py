@@ -19,6 +19,7 @@ from backfill.domain.files import FileRecord, content_key, output_record
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
 from backfill.domain.reruns import rerun_key
+from backfill.domain.streams import read_ahead
 from backfill.ports import BlobStore, BlobWriter, Clock, ResultStore, Sealer
 from backfill.runner.rerun_input import RerunInput
 from backfill.services.result_rows import render
@@ -186,7 +187,7 @@ class Finalizer:
         # The failed lines' requests, kept for a rerun: the input goes soon after publish.
         rerun = RerunInput(self._blobs, content_key(batch.input_file_id), rerun_key(err_id))
         try:
-            async for page in self._store.iter_results(batch.id):
+            async for page in read_ahead(self._store.iter_results(batch.id)):
                 lease.check()
                 await rerun.add([(r.offset, r.length) for r in page if not r.ok])
                 for r in page:

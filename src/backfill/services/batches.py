@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from backfill.domain import batchrouter, ids
 from backfill.domain.batch_request import CreateBatchRequest
@@ -22,6 +21,7 @@ from backfill.domain.files import (
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
 from backfill.domain.money import worst_case
 from backfill.domain.records import Admission, BatchRecord, Page
+from backfill.domain.streams import read_ahead
 from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
 from backfill.ports import BatchStore, Catalog, Clock
 from backfill.services.engine_health import EngineHealth
@@ -61,29 +61,6 @@ def _unreadable(file_id: str, exc: BackfillError) -> ContentUnreadable:
     )
 
 
-_T = TypeVar("_T")
-
-
-async def _read_ahead(pages: AsyncIterator[_T]) -> AsyncIterator[_T]:
-    """``pages``, the next one read and decoded while the caller stores the one before: the
-    database writes in its own thread, so a million-line creation keeps both cores busy."""
-    upcoming: asyncio.Future[_T] = asyncio.ensure_future(anext(pages))
-    try:
-        while True:
-            try:
-                page = await upcoming
-            except StopAsyncIteration:
-                return
-            upcoming = asyncio.ensure_future(anext(pages))
-            yield page
-    finally:
-        upcoming.cancel()
-        # Ended before the generator is closed: closing one that is still running fails.
-        await asyncio.wait([upcoming])
-        with contextlib.suppress(StopAsyncIteration, asyncio.CancelledError, Exception):
-            upcoming.result()
-
-
 class BatchStarter:
     """Turns a committed ``validating`` batch into queue items, then ``in_progress``. The API
     uses it at creation; the worker's lifecycle uses it for a batch nobody is starting (its
@@ -112,7 +89,7 @@ class BatchStarter:
 
     async def _queue(self, batch: BatchRecord) -> bool:
         try:
-            async for chunks in _read_ahead(chunked(self._files.lines(batch.input_file_id))):
+            async for chunks in read_ahead(chunked(self._files.lines(batch.input_file_id))):
                 if not await self._store.add_items(batch.id, chunks):
                     return False
         except (ContentUnreadable, NotFound) as exc:

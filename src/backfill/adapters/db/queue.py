@@ -344,7 +344,10 @@ class QueueQueries(SqlBase):
     async def iter_results(self, batch_id: str) -> AsyncIterator[list[StoredResult]]:
         last = -1
         while True:
-            async with self.engine.connect() as conn:
+            # On the read connections: a finalize reads every line of a batch, and the single
+            # writer stays free for the claims and results of the others meanwhile. Every
+            # result it reads was committed before the batch could be finalized.
+            async with self.reads.connect() as conn:
                 rows = (await conn.execute(_RESULTS_AFTER, {"batch": batch_id, "last": last})).all()
             if not rows:
                 return
