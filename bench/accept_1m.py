@@ -23,7 +23,17 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.common import MODEL, multipart, peak_rss_mb, sim_config, start_backfill, stop
+from bench.common import (
+    MODEL,
+    create_batch,
+    multipart,
+    peak_rss_mb,
+    sim_config,
+    start_backfill,
+    stop,
+    upload,
+    wait_queued,
+)
 
 SYSTEM = {"role": "system", "content": "You answer in one short sentence."}
 SECTION_REQUESTS = 1000
@@ -105,29 +115,13 @@ def measure(name: str, lines: Iterator[bytes], work: Path, sink: Sink) -> Measur
         transfer = time.perf_counter() - start
         assert moved.status_code == 200, moved.status_code
         rss_before = peak_rss_mb(process.pid)
-        body, content_type = multipart(source)
         start = time.perf_counter()
-        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-        uploaded.raise_for_status()
+        file_id = upload(client, source)
         upload_s = time.perf_counter() - start
-        created = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        )
-        created.raise_for_status()
+        batch = create_batch(client, file_id)
         total_s = time.perf_counter() - start
-        batch = created.json()
-        # A large batch answers ``validating`` and is queued in the background.
-        while batch["status"] == "validating":
-            time.sleep(0.05)
-            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        wait_queued(client, batch)
         queued_s = time.perf_counter() - start
-        if batch["status"] != "in_progress":
-            raise RuntimeError(f"the batch is {batch['status']}: {batch.get('errors')}")
         rss = peak_rss_mb(process.pid)
     finally:
         stop(process)

@@ -219,3 +219,14 @@ def wait_batch(client: httpx.Client, batch: dict[str, Any], poll_s: float = 0.1)
         time.sleep(poll_s)
         batch = client.get(f"/v1/batches/{batch['id']}").json()
     return batch
+
+
+def wait_queued(client: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
+    """Poll a batch that answered ``validating`` (a large one is queued in the background)
+    until every line is queued; the batch, ``in_progress``."""
+    while batch["status"] == "validating":
+        time.sleep(0.05)
+        batch = client.get(f"/v1/batches/{batch['id']}").json()
+    if batch["status"] != "in_progress":
+        raise RuntimeError(f"the batch is {batch['status']}: {batch.get('errors')}")
+    return batch

@@ -30,12 +30,15 @@ import httpx
 from bench.accept_1m import Sink, plain_lines
 from bench.common import (
     cpu_seconds,
+    create_batch,
     multipart,
     peak_rss_mb,
     sim_config,
     start_backfill,
     start_simulator,
     stop,
+    upload,
+    wait_queued,
 )
 
 # Targets of the performance issue's fourth item.
@@ -117,35 +120,20 @@ def run(lines: int, concurrency: int, work: Path) -> None:
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=900
         )
+        sink = Sink()
         body, content_type = multipart(source)
         start = time.perf_counter()
-        sink = Sink()
         httpx.post(sink.url, content=body, headers={"Content-Type": content_type})
         sent_s = time.perf_counter() - start
 
         cpu_start = cpu_seconds(process.pid)
         reset_peak(process.pid)
-        body, content_type = multipart(source)
         start = time.perf_counter()
-        uploaded = client.post("/v1/files", content=body, headers={"Content-Type": content_type})
-        uploaded.raise_for_status()
-        created = client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        )
-        created.raise_for_status()
+        batch = create_batch(client, upload(client, source))
         phases.append(
             Phase("accept", time.perf_counter() - start, peak_rss_mb(process.pid), sent_s)
         )
-        batch = created.json()
-        # It answers ``validating``; its lines are queued in the background.
-        while batch["status"] == "validating":
-            time.sleep(0.05)
-            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        batch = wait_queued(client, batch)
         phases.append(Phase("queue", time.perf_counter() - start, peak_rss_mb(process.pid)))
 
         reset_peak(process.pid)
