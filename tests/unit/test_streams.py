@@ -32,9 +32,13 @@ async def test_an_error_of_the_stream_reaches_the_caller_at_its_page() -> None:
         raise OSError("storage failed")
 
     got = []
-    with pytest.raises(OSError, match="storage failed"):
+
+    async def read_all() -> None:
         async for page in read_ahead(pages()):
             got.append(page)
+
+    with pytest.raises(OSError, match="storage failed"):
+        await read_all()
     assert got == [1]
 
 

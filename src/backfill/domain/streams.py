@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 _T = TypeVar("_T")
 
 
-async def read_ahead(pages: AsyncIterator[_T]) -> AsyncIterator[_T]:
+async def read_ahead(pages: AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
     """``pages``, the next one read while the caller works on the one before. Worth it where
     the reading waits on a database or storage thread (which runs without the GIL) and the
     caller's work is Python: a million-line creation or finalize keeps both cores busy."""

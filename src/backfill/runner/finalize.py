@@ -187,16 +187,18 @@ class Finalizer:
         # The failed lines' requests, kept for a rerun: the input goes soon after publish.
         rerun = RerunInput(self._blobs, content_key(batch.input_file_id), rerun_key(err_id))
         try:
-            async for page in read_ahead(self._store.iter_results(batch.id)):
-                lease.check()
-                await rerun.add([(r.offset, r.length) for r in page if not r.ok])
-                for r in page:
-                    buf = buffers[r.ok]
-                    buf += render(self._sealer, batch.id, r)
-                    buf += b"\n"
-                    if len(buf) >= _FLUSH_BYTES:
-                        await writers[r.ok].write(bytes(buf))
-                        buf.clear()
+            pages = read_ahead(self._store.iter_results(batch.id))
+            async with contextlib.aclosing(pages):
+                async for page in pages:
+                    lease.check()
+                    await rerun.add([(r.offset, r.length) for r in page if not r.ok])
+                    for r in page:
+                        buf = buffers[r.ok]
+                        buf += render(self._sealer, batch.id, r)
+                        buf += b"\n"
+                        if len(buf) >= _FLUSH_BYTES:
+                            await writers[r.ok].write(bytes(buf))
+                            buf.clear()
             for ok, buf in buffers.items():
                 if buf:
                     await writers[ok].write(bytes(buf))

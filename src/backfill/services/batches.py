@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,9 +90,11 @@ class BatchStarter:
 
     async def _queue(self, batch: BatchRecord) -> bool:
         try:
-            async for chunks in read_ahead(chunked(self._files.lines(batch.input_file_id))):
-                if not await self._store.add_items(batch.id, chunks):
-                    return False
+            pages = read_ahead(chunked(self._files.lines(batch.input_file_id)))
+            async with contextlib.aclosing(pages):
+                async for chunks in pages:
+                    if not await self._store.add_items(batch.id, chunks):
+                        return False
         except (ContentUnreadable, NotFound) as exc:
             await self.fail(batch, _unreadable(batch.input_file_id, exc))
             return False
@@ -270,7 +273,7 @@ class BatchService:
                     self._started(batch.id)
                 return
             except Exception:
-                # The first failure was logged with its traceback by _start.
+                # The first failure was logged with its traceback by _enqueue.
                 log.debug("enqueue of %s failed again", batch.id, exc_info=True)
 
     async def stop(self) -> None:
