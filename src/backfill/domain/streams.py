@@ -27,5 +27,5 @@ async def read_ahead(pages: AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
         upcoming.cancel()
         # Ended before the stream is closed: closing one that is still running fails.
         await asyncio.wait([upcoming])
-        with contextlib.suppress(StopAsyncIteration, asyncio.CancelledError, Exception):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             upcoming.result()

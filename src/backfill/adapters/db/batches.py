@@ -195,9 +195,16 @@ class BatchQueries(SqlBase):
                 await _insert_items(self.dialect).run(
                     conn,
                     [
-                        (batch_id, line.idx, line.offset, line.length, line.custom_id, queued, c)
+                        (
+                            batch_id,
+                            line.idx,
+                            line.offset,
+                            line.length,
+                            line.custom_id,
+                            queued,
+                            chunk.chunk,
+                        )
                         for chunk in rows
-                        for c in (chunk.chunk,)
                         for line in chunk.lines
                     ],
                 )
