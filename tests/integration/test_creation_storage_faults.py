@@ -13,6 +13,7 @@ import asyncio
 import errno
 import os
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,15 @@ import pytest
 from sqlalchemy import func, select
 
 import backfill.container
+import backfill.services.batches
 from backfill.adapters.blobs.raw import LocalRawStore
+from backfill.adapters.clock import SystemClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.simulator import Simulator
+from backfill.domain.chunks import chunked
 from backfill.domain.files import ACCEPTED_INPUT_GRACE_S
 from backfill.errors import StorageError
+from backfill.services.batches import BatchStarter
 from backfill.settings import Settings
 from tests.support import (
     InProcess,
@@ -349,24 +354,38 @@ async def test_queueing_stopped_by_shutdown_resumes_at_the_next_start(
     async with in_process_backfill(tmp_path, sim[0]) as bf:
         batches = bf.backfill.services.batches
         batches.answer_early_lines = 5
+        files = bf.backfill.services.files
         store = bf.backfill.store
-        real_add = store.add_items
-        gate = asyncio.Event()
+        # Pages of 5 lines, a chunk each, so that queueing takes several statements.
+        real_lines, real_add = files.lines, store.add_items
+        monkeypatch.setattr(files, "lines", lambda file_id: real_lines(file_id, chunk=5))
+        monkeypatch.setattr(backfill.services.batches, "chunked", partial(chunked, max_lines=5))
+        gate, storing = asyncio.Event(), asyncio.Event()
+        pages: list[int] = []
 
         async def add_items(batch_id: str, chunks: Any) -> bool:
-            await gate.wait()
+            pages.append(len(chunks))
+            if len(pages) == 2:
+                storing.set()
+                await gate.wait()  # the page being stored when the shutdown comes
             return await real_add(batch_id, chunks)
 
         monkeypatch.setattr(store, "add_items", add_items)
         created = (await bf.create(await uploaded(bf))).json()
+        await asyncio.wait_for(storing.wait(), 30)
+        stopping = asyncio.create_task(batches.stop())
         await asyncio.sleep(0.1)
-        await batches.stop()
-        assert (await bf.client.get(f"/v1/batches/{created['id']}")).json()[
-            "status"
-        ] == "validating"
-
+        assert not stopping.done(), "the shutdown cut the page being stored short"
         gate.set()
-        await batches.resume_interrupted()
+        await stopping
+        assert len(pages) == 2, "queueing went on after the shutdown"
+        record = await store.get_batch(None, created["id"])
+        assert record is not None
+        assert record.status == "validating"
+
+        # The next start's resume, with a starter of its own as a new process would have.
+        starter = BatchStarter(store, files, SystemClock())
+        assert await starter.start(record)
         batch = await bf.wait(created["id"], timeout_s=30)
         assert batch["status"] == "completed", batch
         assert_exactly_once(ROWS, await bf.rows(batch["output_file_id"]), [])

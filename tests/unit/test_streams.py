@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -42,23 +43,59 @@ async def test_an_error_of_the_stream_reaches_the_caller_at_its_page() -> None:
     assert got == [1]
 
 
-async def test_a_caller_that_stops_early_leaves_no_read_running() -> None:
-    started = asyncio.Event()
-    cancelled: list[bool] = []
+async def test_a_caller_that_stops_early_lets_the_read_in_flight_finish_then_closes() -> None:
+    reading, finish = asyncio.Event(), asyncio.Event()
+    events: list[str] = []
 
     async def pages() -> AsyncIterator[int]:
-        yield 1
-        started.set()
         try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        yield 2
+            yield 1
+            reading.set()
+            await finish.wait()  # the read in flight when the caller leaves
+            events.append("read finished")
+            yield 2
+            events.append("read past the caller")
+        finally:
+            events.append("closed")
 
     stream = read_ahead(pages())
     async for _ in stream:
-        await started.wait()
+        await reading.wait()
         break
-    await stream.aclose()
-    assert cancelled == [True]
+    closing = asyncio.create_task(stream.aclose())
+    await asyncio.sleep(0.01)
+    assert not closing.done(), "the stream closed under a read in flight"
+    finish.set()
+    await closing
+    assert events == ["read finished", "closed"]
+
+
+async def test_cancelling_the_caller_does_not_cancel_the_read() -> None:
+    finish = asyncio.Event()
+    events: list[str] = []
+
+    async def pages() -> AsyncIterator[int]:
+        try:
+            await finish.wait()
+            events.append("read finished")
+            yield 1
+        except asyncio.CancelledError:
+            events.append("read cancelled")
+            raise
+        finally:
+            events.append("closed")
+
+    async def consume() -> None:
+        async with contextlib.aclosing(read_ahead(pages())) as stream:
+            async for _ in stream:
+                pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert not task.done(), "the caller left before the read in flight ended"
+    finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert events == ["read finished", "closed"]

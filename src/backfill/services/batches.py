@@ -75,12 +75,19 @@ class BatchStarter:
         # Batches this process is queueing now. The API's creation and the worker's takeover
         # share one starter, so a large file still being queued is not queued twice here.
         self._queuing: set[str] = set()
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Queueing in flight ends after the page it is storing, rather than being cancelled
+        within its statement (which can strand a pooled connection or leave SQLite locked);
+        its batch stays ``validating`` for the next start to finish."""
+        self._stopping = True
 
     async def queue(self, batch: BatchRecord) -> bool:
         """One queue item per input line, safe to run again; False once the batch is no longer
         ``validating``, its input cannot be read at all (it is failed then), or this process
         is queueing it already. A passing storage or database fault is raised."""
-        if batch.id in self._queuing:
+        if batch.id in self._queuing or self._stopping:
             return False
         self._queuing.add(batch.id)
         try:
@@ -93,7 +100,7 @@ class BatchStarter:
             pages = read_ahead(chunked(self._files.lines(batch.input_file_id)))
             async with contextlib.aclosing(pages):
                 async for chunks in pages:
-                    if not await self._store.add_items(batch.id, chunks):
+                    if self._stopping or not await self._store.add_items(batch.id, chunks):
                         return False
         except (ContentUnreadable, NotFound) as exc:
             await self.fail(batch, _unreadable(batch.input_file_id, exc))
@@ -164,6 +171,7 @@ class BatchService:
         self._retries: dict[str, asyncio.Task[None]] = {}
         # Large batches being queued after their creation answered, by batch id.
         self._queuing: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
         self.enqueue_retry_base_s = 1.0
         self.answer_early_lines = ANSWER_EARLY_LINES
         self._starter = starter or BatchStarter(store, files, clock)
@@ -251,7 +259,7 @@ class BatchService:
             self._events.note_created(batch_id)
 
     def _retry_later(self, batch: BatchRecord) -> None:
-        if batch.id in self._retries:
+        if batch.id in self._retries or self._stopping.is_set():
             return
         task = asyncio.create_task(self._retry(batch), name=f"enqueue-{batch.id}")
         self._retries[batch.id] = task
@@ -263,7 +271,10 @@ class BatchService:
         status read included, so each round is guarded as a whole."""
         delay = self.enqueue_retry_base_s
         while self._clock.now() < batch.expires_at:
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            if self._stopping.is_set():
+                return
             delay = min(delay * 2, ENQUEUE_RETRY_MAX_S)
             try:
                 current = await self._store.get_batch(None, batch.id)
@@ -279,9 +290,9 @@ class BatchService:
     async def stop(self) -> None:
         """Stop queueing and retrying: what is left stays ``validating``, and is resumed at the
         next start (``resume_interrupted``) or by a worker's lifecycle."""
+        self._stopping.set()
+        self._starter.stop()
         tasks = [*self._queuing.values(), *self._retries.values()]
-        for task in tasks:
-            task.cancel()
         if tasks:
             await asyncio.wait(tasks)
 
