@@ -611,6 +611,9 @@ MUTATIONS: list[Mutation] = [
     _set(("body", "prompt"), None),
     _set(("body", "prompt"), ["a", "b"]),
     _set(("body", "prompt"), 5),
+    _set(("body", "priority"), 1),
+    _set(("body", "max_output_tokens"), "8"),
+    _set(("body", "messages"), [{"role": "developer", "content": "d"}, {"role": "tool"}]),
     _bytes(lambda data: b""),
     _bytes(lambda data: b"{"),
     _bytes(lambda data: b"[1]"),
@@ -628,7 +631,7 @@ def files(draw: st.DrawFn) -> tuple[Limits, list[bytes]]:
     lines: list[bytes] = []
     for i in range(1, count + 1):
         # A long id makes the fast path count its bytes; the number keeps ids distinct.
-        cid = draw(st.sampled_from([f"r{i}", f"{i}-" + "\u00e9" * 62]))
+        cid = draw(st.sampled_from([f"r{i}", f"{i}-" + "\u00e9" * 62, f"{i}-" + "a" * 40]))
         line: dict[str, Any] | bytes = template(cid, model=model)
         # Most lines are left valid, so that a broken one often follows good ones.
         broken = draw(st.integers(0, 4)) == 0

@@ -6,10 +6,11 @@ the per-line Python work left is a handful of comparisons.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -29,10 +30,11 @@ from backfill.domain.media import (
     check_audio,
     check_image_url,
 )
+from backfill.domain.strict_lines import Role, StrictChatLine, strict_chat_decoder
 
 __all__ = ["CHAT_URL", "COMPLETIONS_URL", "ENDPOINTS"]
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+ROLES = frozenset(get_args(Role))
 MAX_CUSTOM_ID_BYTES = 128
 MAX_SECTION_ID_BYTES = 128
 MAX_EMBEDDING_INPUTS = 2048
@@ -121,6 +123,14 @@ class _RawBody(msgspec.Struct):
 _BOM = b"\xef\xbb\xbf"
 _DECODER = msgspec.json.Decoder(RequestLine)
 _BODY = msgspec.json.Decoder(_RawBody)
+_DECODE_ERRORS = (msgspec.ValidationError, msgspec.DecodeError, RecursionError)
+# Lines of a file the strict decoder may refuse before the file's lines skip it.
+_STRICT_MISSES = 64
+
+
+@functools.lru_cache(maxsize=64)
+def _strict_chat(model: str, max_tokens: int) -> Callable[[bytes], StrictChatLine]:
+    return strict_chat_decoder(RequestLine, Body, model, max_tokens)
 
 
 _LINE_FIELDS = "custom_id, method, url and body"
@@ -201,6 +211,10 @@ class LineValidator:
         # Chat and completions lines like the ones before take the fast path; embeddings and
         # Responses lines, rarer and with more shapes, always take the detailed checks.
         self._fast = False
+        # The strict decoder of the file's chat lines, once its first line has fixed the model;
+        # dropped after a few lines it refuses (each of them costs a second decode).
+        self._strict: Callable[[bytes], StrictChatLine] | None = None
+        self._strict_misses = 0
         self.lines = 0
         self._prompt_bound = 0
         self._max_output = 0
@@ -247,11 +261,43 @@ class LineValidator:
             self._fast,
         )
         max_tokens = model.max_output_tokens if model else 0
+        context = model.context_length if model else 0
+        strict = self._strict
         for raw in lines:
             line_no += 1
+            if strict is not None:
+                try:
+                    line = strict(raw)
+                except _DECODE_ERRORS:
+                    # Not the common shape (or not valid): the full decode and checks below.
+                    self._strict_misses += 1
+                    if self._strict_misses > _STRICT_MISSES:
+                        strict = self._strict = None
+                else:
+                    cid = line.custom_id
+                    before = len(seen)
+                    add(cid)
+                    strict_body = line.body
+                    limit = strict_body.max_completion_tokens
+                    if limit is None:
+                        limit = strict_body.max_tokens
+                    if not (
+                        len(seen) == before
+                        or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
+                        or strict_body.priority is not _UNSET
+                        or (line.section is not None and not _section_ok(line.section))
+                        or limit is None
+                    ):
+                        bound = len(raw) + 8 * (len(strict_body.messages) + 1)
+                        prompt_bound += bound if bound < context else context
+                        max_output += limit
+                        append(cid)
+                        continue
+                    if len(seen) != before:
+                        seen.discard(cid)
             try:
                 req = decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+            except _DECODE_ERRORS as exc:
                 raise undecodable(raw, line_no, exc) from None
             body = req.body
             cid = req.custom_id
@@ -282,6 +328,8 @@ class LineValidator:
                 model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
                 fast = self._fast
                 max_tokens = model.max_output_tokens
+                context = model.context_length
+                strict = self._strict_decoder()
                 limit = _output_limit(body, endpoint)
             elif chat:
                 # A completions line may carry messages too: they are not read, so not checked.
@@ -295,7 +343,6 @@ class LineValidator:
             # An upper bound on prompt tokens without a tokenizer: a token of text covers at
             # least one byte of the line, and a chat template adds a few tokens per message.
             bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
-            context = model.context_length
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
@@ -303,6 +350,18 @@ class LineValidator:
         self._prompt_bound += prompt_bound
         self._max_output += max_output
         return ids
+
+    def _strict_decoder(self) -> Callable[[bytes], StrictChatLine] | None:
+        model, name = self._model, self._model_name
+        if (
+            self._strict is None
+            and self._chat
+            and model is not None
+            and name is not None
+            and self._strict_misses <= _STRICT_MISSES
+        ):
+            self._strict = _strict_chat(name, model.max_output_tokens)
+        return self._strict
 
     def _check_request(self, req: RequestLine, line_no: int) -> CatalogModel:
         cid = req.custom_id
