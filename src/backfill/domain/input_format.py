@@ -263,6 +263,7 @@ class LineValidator:
         max_tokens = model.max_output_tokens if model else 0
         context = model.context_length if model else 0
         strict = self._strict
+        known = len(seen)
         for raw in lines:
             line_no += 1
             if strict is not None:
@@ -275,26 +276,24 @@ class LineValidator:
                         strict = self._strict = None
                 else:
                     cid = line.custom_id
-                    before = len(seen)
                     add(cid)
-                    strict_body = line.body
-                    limit = strict_body.max_completion_tokens
-                    if limit is None:
-                        limit = strict_body.max_tokens
-                    if not (
-                        len(seen) == before
-                        or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
-                        or strict_body.priority is not _UNSET
-                        or (line.section is not None and not _section_ok(line.section))
-                        or limit is None
-                    ):
-                        bound = len(raw) + 8 * (len(strict_body.messages) + 1)
-                        prompt_bound += bound if bound < context else context
-                        max_output += limit
-                        append(cid)
-                        continue
-                    if len(seen) != before:
+                    if len(seen) != known:  # else a duplicate: the full checks name it
+                        known += 1
+                        strict_body = line.body
+                        # Either limit is absent or above 0 here: ``or`` picks as the rule does.
+                        limit = strict_body.max_completion_tokens or strict_body.max_tokens
+                        if not (
+                            limit is None
+                            or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
+                            or (line.section is not None and not _section_ok(line.section))
+                        ):
+                            bound = len(raw) + 8 * (len(strict_body.messages) + 1)
+                            prompt_bound += bound if bound < context else context
+                            max_output += limit
+                            append(cid)
+                            continue
                         seen.discard(cid)
+                        known -= 1
             try:
                 req = decode(raw)
             except _DECODE_ERRORS as exc:
@@ -346,6 +345,7 @@ class LineValidator:
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
+            known = len(seen)
         self.lines = counted + len(lines)
         self._prompt_bound += prompt_bound
         self._max_output += max_output
