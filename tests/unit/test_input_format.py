@@ -598,6 +598,8 @@ MUTATIONS: list[Mutation] = [
     _set(("body", "max_completion_tokens"), 8),
     _set(("body", "max_completion_tokens"), 5000),
     _set(("body", "messages"), []),
+    _drop("body", "messages"),
+    _drop("body", "max_tokens"),
     _set(("body", "messages"), None),
     _set(("body", "messages"), "hello"),
     _set(("body", "messages"), [{"role": "bot", "content": "b"}]),

@@ -49,13 +49,23 @@ class StrictChatLine(Protocol):
     def body(self) -> StrictBody: ...
 
 
-def _stricter(base: type[msgspec.Struct], name: str, types: dict[str, Any]) -> type[msgspec.Struct]:
-    """``base``'s fields in order with their defaults, those named in ``types`` narrowed;
-    unknown fields are refused where ``base`` refuses them."""
+def _stricter(
+    base: type[msgspec.Struct],
+    name: str,
+    types: dict[str, Any],
+    required: frozenset[str] = frozenset(),
+) -> type[msgspec.Struct]:
+    """``base``'s fields in order with their defaults, those named in ``types`` narrowed and
+    those in ``required`` without a default (a default is not checked against the narrowed
+    type: an absent field would pass as it); unknown fields are refused where ``base``
+    refuses them."""
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     for f in msgspec.structs.fields(base):
         kind = types.get(f.name, f.type)
-        fields.append((f.name, kind) if f.required else (f.name, kind, f.default))
+        if f.required or f.name in required:
+            fields.append((f.name, kind))
+        else:
+            fields.append((f.name, kind, f.default))
     forbid = base.__struct_config__.forbid_unknown_fields
     return msgspec.defstruct(name, fields, gc=False, forbid_unknown_fields=forbid)
 
@@ -78,6 +88,7 @@ def strict_chat_decoder(
             # Present at all, it is refused with its reason by the full checks.
             "priority": msgspec.UnsetType,
         },
+        required=frozenset({"messages"}),
     )
     strict_line = _stricter(
         line,
