@@ -41,8 +41,8 @@ LIMITS = Limits(max_file_bytes=1 << 40, max_lines=10**8, max_line_bytes=20 << 20
 CATALOG = {MODEL: CatalogModel(MODEL, "sim-model-v1", 8192, 4096, prices=Prices(1, 1, 1))}
 
 
-def bare(path: Path) -> int:
-    decoder = msgspec.json.Decoder(RequestLine)
+def decode_all(path: Path, decode: Callable[[bytes], object]) -> int:
+    """Split ``path`` into lines and ``decode`` each, nothing else."""
     lines = 0
     rest = b""
     with path.open("rb") as fh:
@@ -50,25 +50,20 @@ def bare(path: Path) -> int:
             parts = (rest + chunk).split(b"\n")
             rest = parts.pop()
             for line in parts:
-                decoder.decode(line)
+                decode(line)
             lines += len(parts)
     return lines
+
+
+def bare(path: Path) -> int:
+    return decode_all(path, msgspec.json.Decoder(RequestLine).decode)
 
 
 def bare_strict(path: Path) -> int:
-    """The same split and decode into the struct of the validator's strict path: the bare
-    decode of a stricter baseline, with none of the rules' Python around it."""
-    decoder = strict_chat_decoder(RequestLine, Body, MODEL, CATALOG[MODEL].max_output_tokens)
-    lines = 0
-    rest = b""
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            parts = (rest + chunk).split(b"\n")
-            rest = parts.pop()
-            for line in parts:
-                decoder(line)
-            lines += len(parts)
-    return lines
+    """The struct of the validator's strict path: a stricter baseline, with none of the
+    rules' Python around its decode."""
+    limit = CATALOG[MODEL].max_output_tokens
+    return decode_all(path, strict_chat_decoder(RequestLine, Body, MODEL, limit))
 
 
 def validator_only(path: Path) -> int:
