@@ -3,10 +3,9 @@ model and output limit.
 
 The rules the validator's fast path would check in Python for every line (the method, the URL,
 the model, each message's role and text content, the output limit's range, no streaming, no
-``priority``) become
-types that msgspec checks in C while it decodes. Its structs are not tracked by the cyclic
-garbage collector either: decoded data holds no cycles, and a million lines would otherwise
-trigger a collection every few hundred lines.
+``priority``) become types that msgspec checks in C while it decodes. Its structs are not
+tracked by the cyclic garbage collector either: decoded data holds no cycles, and a million
+lines would otherwise trigger a collection every few hundred lines.
 
 A line this decoder refuses is not necessarily wrong: the validator then decodes it with the
 full structs and its detailed checks, which accept it or name the rule it breaks. So the strict
