@@ -379,9 +379,12 @@ async def test_queueing_stopped_by_shutdown_resumes_at_the_next_start(
         gate.set()
         await stopping
         assert len(pages) == 2, "queueing went on after the shutdown"
+        assert (await bf.client.get(f"/v1/batches/{created['id']}")).json()[
+            "status"
+        ] == "validating"
+
         record = await store.get_batch(None, created["id"])
         assert record is not None
-        assert record.status == "validating"
 
         # The next start's resume, with a starter of its own as a new process would have.
         starter = BatchStarter(store, files, SystemClock())

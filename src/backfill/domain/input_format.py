@@ -263,7 +263,6 @@ class LineValidator:
         max_tokens = model.max_output_tokens if model else 0
         context = model.context_length if model else 0
         strict = self._strict
-        known = len(seen)
         for raw in lines:
             line_no += 1
             if strict is not None:
@@ -276,9 +275,9 @@ class LineValidator:
                         strict = self._strict = None
                 else:
                     cid = line.custom_id
+                    before = len(seen)
                     add(cid)
-                    if len(seen) != known:  # else a duplicate: the full checks name it
-                        known += 1
+                    if len(seen) != before:  # else a duplicate: the full checks name it
                         strict_body = line.body
                         # Either limit is absent or above 0 here: ``or`` picks as the rule does.
                         limit = strict_body.max_completion_tokens or strict_body.max_tokens
@@ -293,7 +292,6 @@ class LineValidator:
                             append(cid)
                             continue
                         seen.discard(cid)
-                        known -= 1
             try:
                 req = decode(raw)
             except _DECODE_ERRORS as exc:
@@ -345,7 +343,6 @@ class LineValidator:
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
-            known = len(seen)
         self.lines = counted + len(lines)
         self._prompt_bound += prompt_bound
         self._max_output += max_output
