@@ -45,8 +45,14 @@ def file_payload(content: bytes, name: str = "requests.jsonl") -> FilePayload:
     return {"name": name, "mimeType": "application/jsonl", "buffer": content}
 
 
-def done_count(page: Page) -> int:
-    return int(page.locator("#done-count").inner_text().replace(",", ""))
+def status_and_done(page: Page) -> tuple[str, int]:
+    """The status and the done count of one render: read separately, a poll landing between
+    the two reads pairs an older count with a newer status."""
+    status, done = page.evaluate(
+        "[document.getElementById('batch-status').innerText,"
+        " document.getElementById('done-count').innerText]"
+    )
+    return str(status), int(str(done).replace(",", ""))
 
 
 def test_sign_in_upload_create_watch_progress_and_download(
@@ -80,13 +86,16 @@ def test_sign_in_upload_create_watch_progress_and_download(
     expect(page.locator("#view h1.batch-id")).to_have_text(re.compile(r"^batch_"))
     batch_id = page.locator("#view h1.batch-id").inner_text()
     page.evaluate("window.notReloaded = true")
+    # The page's first render of the batch (status and counts together).
+    expect(page.locator("#done-count")).to_be_visible()
 
     # Progress moves on the page without a reload, until the batch completes.
     seen: list[int] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        seen.append(done_count(page))
-        if page.locator("#batch-status").inner_text() == "completed":
+        status, done = status_and_done(page)
+        seen.append(done)
+        if status == "completed":
             break
         page.wait_for_timeout(200)
     assert page.locator("#batch-status").inner_text() == "completed"
