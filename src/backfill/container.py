@@ -22,7 +22,6 @@ from backfill.adapters.blobs.master import (
     verify_master_key,
 )
 from backfill.adapters.blobs.raw import LocalRawStore, RawStore
-from backfill.adapters.blobs.s3 import S3RawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
@@ -160,6 +159,10 @@ def _private_sqlite(store: SqlStore) -> None:
 
 def _raw_store(settings: Settings) -> RawStore:
     if settings.storage_url.startswith("s3://"):
+        # Imported here: botocore's models take ~10 MB of memory a process on local storage
+        # (the embedded default) never uses.
+        from backfill.adapters.blobs.s3 import S3RawStore
+
         return S3RawStore(
             settings.storage_url,
             endpoint_url=settings.s3_endpoint_url,

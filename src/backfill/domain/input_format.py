@@ -15,6 +15,7 @@ from typing import Any, get_args
 import msgspec
 
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.custom_ids import CustomIds
 from backfill.domain.decode_errors import Broken, explain
 from backfill.domain.endpoints import (
     CHAT_URL,
@@ -203,7 +204,7 @@ class LineValidator:
     def __init__(self, limits: Limits, find_model: Callable[[str], CatalogModel | None]) -> None:
         self._limits = limits
         self._find_model = find_model
-        self._seen: set[str] = set()
+        self._ids = CustomIds(limits.max_lines)
         self._model: CatalogModel | None = None
         self._model_name: str | None = None
         self._endpoint: str | None = None
@@ -244,8 +245,11 @@ class LineValidator:
                 line=line_no,
             )
         decode = _DECODER.decode
-        seen = self._seen
-        add = seen.add
+        known = self._ids
+        known.reserve(len(lines))
+        # The table of id hashes, probed inline as ``CustomIds.add`` does; it cannot grow
+        # under this loop (reserved above).
+        table, mask = known.table, known.mask
         roles = ROLES
         ids: list[str] = []
         append = ids.append
@@ -275,38 +279,39 @@ class LineValidator:
                         strict = self._strict = None
                 else:
                     cid = line.custom_id
-                    before = len(seen)
-                    add(cid)
-                    if len(seen) != before:  # else a duplicate: the full checks name it
-                        strict_body = line.body
-                        # Either limit is absent or above 0 here: ``or`` picks as the rule does.
-                        limit = strict_body.max_completion_tokens or strict_body.max_tokens
-                        if not (
-                            limit is None
-                            or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
-                            or (line.section is not None and not _section_ok(line.section))
-                        ):
+                    strict_body = line.body
+                    # Either limit is absent or above 0 here: ``or`` picks as the rule does.
+                    limit = strict_body.max_completion_tokens or strict_body.max_tokens
+                    if not (
+                        limit is None
+                        or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
+                        or (line.section is not None and not _section_ok(line.section))
+                    ):
+                        h = hash(cid) or 1
+                        slot = h & mask
+                        while (stored := table[slot]) and stored != h:
+                            slot = (slot + 1) & mask
+                        if not stored:
+                            table[slot] = h
                             bound = len(raw) + 8 * (len(strict_body.messages) + 1)
                             prompt_bound += bound if bound < context else context
                             max_output += limit
                             append(cid)
                             continue
-                        seen.discard(cid)
+                        # An equal hash (a duplicate, or rarely two ids alike in hash): the
+                        # full checks compare the strings.
             try:
                 req = decode(raw)
             except _DECODE_ERRORS as exc:
                 raise undecodable(raw, line_no, exc) from None
             body = req.body
             cid = req.custom_id
-            before = len(seen)
-            add(cid)
             messages = body.messages
             limit = body.max_completion_tokens
             if limit is None:
                 limit = body.max_tokens
             if (
                 model is None
-                or len(seen) == before
                 or not cid
                 or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
                 or req.method != "POST"
@@ -318,10 +323,9 @@ class LineValidator:
                 or limit is None
                 or not 0 < limit <= max_tokens
                 or (messages is None if chat else body.prompt is None or not fast)
+                or not known.add(cid, ids)
             ):
-                if len(seen) != before:
-                    seen.discard(cid)
-                model = self._check_request(req, line_no)
+                model = self._check_request(req, line_no, ids)
                 model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
                 fast = self._fast
                 max_tokens = model.max_output_tokens
@@ -343,6 +347,7 @@ class LineValidator:
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
+        known.keep(ids)
         self.lines = counted + len(lines)
         self._prompt_bound += prompt_bound
         self._max_output += max_output
@@ -360,7 +365,9 @@ class LineValidator:
             self._strict = _strict_chat(name, model.max_output_tokens)
         return self._strict
 
-    def _check_request(self, req: RequestLine, line_no: int) -> CatalogModel:
+    def _check_request(self, req: RequestLine, line_no: int, pending: list[str]) -> CatalogModel:
+        """The checks that name the rule a line breaks; ``pending`` holds the ids of the
+        lines before it in the page being checked."""
         cid = req.custom_id
         size = len(cid.encode())
         if size == 0 or size > MAX_CUSTOM_ID_BYTES:
@@ -371,7 +378,7 @@ class LineValidator:
                 line=line_no,
                 param="custom_id",
             )
-        if cid in self._seen:
+        if not self._ids.add(cid, pending):
             raise LineError(
                 "duplicate_custom_id",
                 f"Line {line_no}: custom_id {cid!r} is used by an earlier line; each line needs "
@@ -379,7 +386,6 @@ class LineValidator:
                 line=line_no,
                 param="custom_id",
             )
-        self._seen.add(cid)
         if req.section is not None and not _section_ok(req.section):
             raise LineError(
                 "invalid_value",
