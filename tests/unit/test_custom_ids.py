@@ -69,7 +69,7 @@ def test_it_grows_without_losing_or_inventing_an_id() -> None:
     known = CustomIds(100_000)
     pages = [[f"id-{p}-{i}" for i in range(5_000)] for p in range(20)]
     assert all(add_pages(known, pages))
-    # Grown by fours from 4,096 slots, then held at the limit's: at most half full.
+    # Grown by eights from 4,096 slots to the limit's, where it stays: at most half full.
     assert known.mask + 1 == 1 << 18
     again = [[f"id-{p}-{i}" for i in range(0, 5_000, 97)] for p in range(20)]
     assert not any(add_pages(known, again))

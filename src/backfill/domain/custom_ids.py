@@ -3,7 +3,7 @@ the memory a ``set`` of the strings takes.
 
 A set of a million short ids holds a million string objects and a table of pointers to them:
 about 93 MB, most of an upload's peak memory. Here each id costs one 64-bit hash in an
-open-addressing table (linear probing, at most half full: 16 to 64 bytes an id, and no more
+open-addressing table (linear probing, at most half full: 16 to 128 bytes an id, and no more
 than the file's line limit needs) and its characters in one joined string per page (a byte or
 so a character, and 8 bytes for where it ends). The table answers "new" for almost every id
 without touching a string; two equal hashes (a duplicate, or a collision of about one in 10^8
@@ -11,8 +11,9 @@ for a million ids) are settled by comparing the id with the stored ones.
 
 The hash is Python's own ``hash`` of the string: SipHash with a key drawn per process, so a file
 cannot be crafted to make the probes collide. The table is an ``array`` (its items are read
-faster than a ``memoryview``'s) that grows by four before a page of lines could fill it past
-half: the hot loop in ``input_format`` probes it inline, so it must never grow under that loop.
+faster than a ``memoryview``'s) that grows by eight (fewer rehashes of a big file) before a
+page of lines could fill it past half: the hot loop in ``input_format`` probes it inline, so
+it must never grow under that loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bisect import bisect_right
 from itertools import accumulate
 
 _MIN_SLOTS = 1 << 12
-_GROWTH = 4
+_GROWTH = 8
 
 
 class CustomIds:
