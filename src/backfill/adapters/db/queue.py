@@ -6,18 +6,20 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, delete, func, insert, select, update
+from sqlalchemy import Select, bindparam, delete, func, insert, literal_column, null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.bulk import BulkInsert, DriverStatement
 from backfill.adapters.db.claims import drop_chunks
 from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import (
+    RECEIPT_COLUMNS,
     TERMINAL,
     prices_of,
-    receipt_values,
+    receipt_row,
     release_reservation,
 )
 from backfill.domain.catalog import Billing
@@ -74,16 +76,21 @@ STORE_RESULT = (
     update(_i)
     .where(_i.c.batch_id == bindparam("b_batch"), _i.c.idx == bindparam("b_idx"))
     .values(
-        state=ItemState.DONE,
+        # Constants in the SQL itself: the driver's rows carry only what varies.
+        state=literal_column(str(int(ItemState.DONE))),
         outcome=bindparam("b_outcome"),
         result=bindparam("b_result"),
         done_seq=bindparam("b_seq"),
         done_at=bindparam("b_at"),
         input_tokens=bindparam("b_in"),
         output_tokens=bindparam("b_out"),
-        lease_token=None,
-        lease_until=None,
+        lease_token=null(),
+        lease_until=null(),
     )
+)
+# A result per request on the hot path: its rows go to the driver as tuples.
+_STORE_RESULTS = DriverStatement(
+    STORE_RESULT, ["b_outcome", "b_result", "b_in", "b_out", "b_seq", "b_at", "b_batch", "b_idx"]
 )
 COUNT_RESULTS = (
     update(_b)
@@ -100,7 +107,7 @@ COUNT_RESULTS = (
     )
     .returning(_b.c.status, _b.c.total, _b.c.completed, _b.c.failed)
 )
-_INSERT_RECEIPTS = insert(t.receipts)
+_INSERT_RECEIPTS = BulkInsert(insert(t.receipts), RECEIPT_COLUMNS)
 _CHARGE_ORG = (
     update(_o)
     .where(_o.c.id == bindparam("org"))
@@ -218,19 +225,20 @@ class QueueQueries(SqlBase):
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
-                await conn.execute(
-                    STORE_RESULT,
+                ok, error = int(Outcome.OK), int(Outcome.ERROR)
+                await _STORE_RESULTS.run(
+                    conn,
                     [
-                        {
-                            "b_batch": r.batch_id,
-                            "b_idx": r.idx,
-                            "b_outcome": Outcome.OK if r.ok else Outcome.ERROR,
-                            "b_result": r.payload,
-                            "b_in": r.input_tokens,
-                            "b_out": r.output_tokens,
-                            "b_seq": seq,
-                            "b_at": stored_at[r.batch_id],
-                        }
+                        (
+                            ok if r.ok else error,
+                            r.payload,
+                            r.input_tokens,
+                            r.output_tokens,
+                            seq,
+                            stored_at[r.batch_id],
+                            r.batch_id,
+                            r.idx,
+                        )
                         for r, seq in zip(accepted, seqs, strict=True)
                     ],
                 )
@@ -238,9 +246,9 @@ class QueueQueries(SqlBase):
             for r in accepted:
                 by_batch.setdefault(r.batch_id, []).append(r)
             settled = [(batch, settle(batch, by_batch.get(batch.id, ()))) for batch in terms]
-            receipts = [receipt_values(r) for _, done in settled for r in done.receipts]
-            if receipts:
-                await conn.execute(_INSERT_RECEIPTS, receipts)
+            await _INSERT_RECEIPTS.run(
+                conn, [receipt_row(r) for _, done in settled for r in done.receipts]
+            )
             owed: dict[str, tuple[int, int]] = {}
             finished: set[str] = set()
             for batch, settlement in settled:

@@ -92,35 +92,60 @@ def listing_key() -> int:
     return time.time_ns()
 
 
-def receipt_values(receipt: Receipt) -> dict[str, Any]:
-    """A receipt as its row. A token receipt leaves the GPU-time columns out (NULL) and a
-    GPU-time receipt the price columns: fewer parameters on the hottest insert, and receipts of
-    one kind still share their keys, so one write can take many."""
-    values: dict[str, Any] = {
-        "request_id": receipt.request_id,
-        "org_id": receipt.org_id,
-        "kind": receipt.kind,
-        "batch_id": receipt.batch_id,
-        "idx": receipt.idx,
-        "custom_id": receipt.custom_id,
-        "model_config_id": receipt.model_config_id,
-        "input_tokens": receipt.input_tokens,
-        "cached_tokens": receipt.cached_tokens,
-        "output_tokens": receipt.output_tokens,
-        "amount": receipt.amount,
-        "created_at": receipt.created_at,
-    }
+RECEIPT_COLUMNS = (
+    "request_id",
+    "org_id",
+    "kind",
+    "batch_id",
+    "idx",
+    "custom_id",
+    "model_config_id",
+    "deployment_id",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "price_input",
+    "price_cached_input",
+    "price_output",
+    "gpu_count",
+    "gpu_ms",
+    "amount",
+    "started_at",
+    "created_at",
+)
+
+
+def receipt_row(receipt: Receipt) -> tuple[Any, ...]:
+    """A receipt as the driver takes its row, in ``RECEIPT_COLUMNS`` order: the prices of a
+    token receipt, the GPU time of a GPU-time receipt, NULL where the other kind's go."""
     prices = receipt.prices
-    if prices is not None:
-        values["price_input"] = prices.input
-        values["price_cached_input"] = prices.cached_input
-        values["price_output"] = prices.output
-    if receipt.kind == ReceiptKind.GPU_TIME:
-        values["deployment_id"] = receipt.deployment_id
-        values["gpu_count"] = receipt.gpu_count
-        values["gpu_ms"] = receipt.gpu_ms
-        values["started_at"] = receipt.started_at
-    return values
+    gpu = receipt.kind == ReceiptKind.GPU_TIME
+    return (
+        receipt.request_id,
+        receipt.org_id,
+        receipt.kind.value,
+        receipt.batch_id,
+        receipt.idx,
+        receipt.custom_id,
+        receipt.model_config_id,
+        receipt.deployment_id if gpu else None,
+        receipt.input_tokens,
+        receipt.cached_tokens,
+        receipt.output_tokens,
+        None if prices is None else prices.input,
+        None if prices is None else prices.cached_input,
+        None if prices is None else prices.output,
+        receipt.gpu_count if gpu else None,
+        receipt.gpu_ms if gpu else None,
+        receipt.amount,
+        receipt.started_at if gpu else None,
+        receipt.created_at,
+    )
+
+
+def receipt_values(receipt: Receipt) -> dict[str, Any]:
+    """A receipt as its row, by column."""
+    return dict(zip(RECEIPT_COLUMNS, receipt_row(receipt), strict=True))
 
 
 def receipt_of(row: Any) -> Receipt:
