@@ -1,10 +1,9 @@
 """Statements run for many rows at once, handed to the driver as tuples.
 
 At a million rows SQLAlchemy's per-row parameter processing (a dict per row, turned into the
-driver's tuple) costs more than the database's own insert; on the worker's hot path (a group
-commit stores a result and a receipt per request) it was a tenth of the statement's cost. A
-statement compiled once per dialect and the driver's ``executemany`` leave only the database's
-work.
+driver's tuple) costs more than the database's own insert, and the worker pays it on every
+request (a group commit stores a result and a receipt for each). A statement compiled once per
+dialect and the driver's ``executemany`` leave only the database's work.
 """
 
 from __future__ import annotations
