@@ -379,10 +379,8 @@ async def test_queueing_stopped_by_shutdown_resumes_at_the_next_start(
         gate.set()
         await stopping
         assert len(pages) == 2, "queueing went on after the shutdown"
-        assert (await bf.client.get(f"/v1/batches/{created['id']}")).json()[
-            "status"
-        ] == "validating"
-
+        status = (await bf.client.get(f"/v1/batches/{created['id']}")).json()["status"]
+        assert status == "validating"
         record = await store.get_batch(None, created["id"])
         assert record is not None
 

@@ -48,7 +48,7 @@ class CustomIds:
             return
         while 2 * self._reserved > slots and slots < self._largest:
             slots *= _GROWTH
-        slots = max(min(slots, self._largest), self.mask + 1)
+        slots = min(slots, self._largest)
         old = self.table
         self.table = table = _table(slots)
         self.mask = mask = slots - 1

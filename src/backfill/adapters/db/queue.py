@@ -92,6 +92,7 @@ STORE_RESULT = (
 _STORE_RESULTS = DriverStatement(
     STORE_RESULT, ["b_outcome", "b_result", "b_in", "b_out", "b_seq", "b_at", "b_batch", "b_idx"]
 )
+_OK, _ERROR = int(Outcome.OK), int(Outcome.ERROR)
 COUNT_RESULTS = (
     update(_b)
     .where(_b.c.id == bindparam("batch"))
@@ -225,12 +226,11 @@ class QueueQueries(SqlBase):
             if accepted:
                 # The leases were just checked (and locked on PostgreSQL) in this transaction,
                 # so one executemany stores them all.
-                ok, error = int(Outcome.OK), int(Outcome.ERROR)
                 await _STORE_RESULTS.run(
                     conn,
                     [
                         (
-                            ok if r.ok else error,
+                            _OK if r.ok else _ERROR,
                             r.payload,
                             r.input_tokens,
                             r.output_tokens,
