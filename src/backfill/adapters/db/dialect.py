@@ -30,6 +30,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from backfill.adapters.db.sqlite_driver import one_trip_creator
+
 _Query = TypeVar("_Query", bound=Select[Any])
 # Read connections of an SQLite database beside its one writer.
 _READERS = 2
@@ -124,7 +126,11 @@ class _Sqlite:
         # One connection: SQLite has one writer anyway, and serialising here avoids
         # "database is locked" retries under load.
         engine = create_async_engine(
-            url, poolclass=AsyncAdaptedQueuePool, pool_size=1, max_overflow=0
+            url,
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=1,
+            max_overflow=0,
+            async_creator=one_trip_creator(lambda: engine),
         )
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
@@ -144,6 +150,7 @@ class _Sqlite:
             pool_size=_READERS,
             max_overflow=0,
             pool_reset_on_return=None,
+            async_creator=one_trip_creator(lambda: engine),
         )
         event.listen(engine.sync_engine, "connect", _sqlite_reader_pragmas)
         return engine

@@ -1,0 +1,118 @@
+"""aiosqlite with one trip to the connection's thread per statement.
+
+aiosqlite runs its sqlite3 connection in a thread of its own; every call is a trip there and
+back (a queue, the event loop's wake-up, a future). SQLAlchemy's aiosqlite adapter makes four
+for a read (open a cursor, execute, fetch, close) and three for a write. Here a cursor does its
+whole statement in one trip: execute, fetch every row, close. A statement's process CPU falls
+by about two fifths, and a drain runs about one statement for every two or three requests
+(docs/performance.md).
+
+The connection is a plain ``aiosqlite.Connection`` otherwise, so SQLAlchemy's adapter,
+transactions and pool work on it unchanged; it is made with ``create_async_engine``'s
+``async_creator`` from the arguments the dialect reads from the URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import aiosqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+_Done = tuple[Any, list[Any], int, int | None]
+
+
+class OneTripCursor:
+    """The part of ``aiosqlite.Cursor`` SQLAlchemy's adapter uses, each statement one trip.
+
+    Every row is fetched in that trip, as the adapter itself does for a non-streaming cursor
+    (Backfill opens no server-side cursors)."""
+
+    __slots__ = ("_conn", "_rows", "arraysize", "description", "lastrowid", "rowcount")
+
+    def __init__(self, conn: OneTripConnection) -> None:
+        self._conn = conn
+        self._rows: list[Any] = []
+        self.arraysize = 1
+        self.description: Any = None
+        self.rowcount = -1
+        self.lastrowid: int | None = None
+
+    async def __aenter__(self) -> OneTripCursor:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def _run(self, many: bool, sql: str, params: Any) -> _Done:
+        """In the connection's thread: the statement, its rows, its counts."""
+        cursor = self._conn._conn.cursor()
+        try:
+            if many:
+                cursor.executemany(sql, params)
+            else:
+                cursor.execute(sql, params)
+            description = cursor.description
+            rows = cursor.fetchall() if description else []
+            return description, rows, cursor.rowcount, cursor.lastrowid
+        finally:
+            cursor.close()
+
+    async def _trip(self, many: bool, sql: str, params: Any) -> OneTripCursor:
+        done = await self._conn.trip(functools.partial(self._run, many, sql, params))
+        self.description, self._rows, self.rowcount, self.lastrowid = done
+        return self
+
+    async def execute(self, sql: str, parameters: Any = ()) -> OneTripCursor:
+        return await self._trip(False, sql, parameters)
+
+    async def executemany(self, sql: str, parameters: Sequence[Any]) -> OneTripCursor:
+        return await self._trip(True, sql, parameters)
+
+    async def fetchall(self) -> list[Any]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    async def fetchone(self) -> Any:
+        return self._rows.pop(0) if self._rows else None
+
+    async def fetchmany(self, size: int | None = None) -> list[Any]:
+        n = self.arraysize if size is None else size
+        rows, self._rows = self._rows[:n], self._rows[n:]
+        return rows
+
+    async def close(self) -> None:
+        self._rows = []
+
+
+class OneTripConnection(aiosqlite.Connection):
+    async def trip(self, call: Callable[[], _Done]) -> _Done:
+        """``call()`` in the connection's thread."""
+        done: _Done = await self._execute(call)  # type: ignore[no-untyped-call]
+        return done
+
+    def cursor(self) -> OneTripCursor:  # type: ignore[override]
+        # No trip: the sqlite3 cursor is made (and closed) inside each statement's trip.
+        return OneTripCursor(self)
+
+
+def one_trip_creator(engine: Callable[[], AsyncEngine]) -> Callable[[], Awaitable[Any]]:
+    """``create_async_engine``'s ``async_creator`` for ``engine()``'s URL: the connection
+    arguments its dialect reads from the URL (path, ``uri``, ``check_same_thread``), given to
+    a ``OneTripConnection``. ``engine`` is called at the first connection, once it exists."""
+
+    async def connect() -> OneTripConnection:
+        sync = engine().sync_engine
+        args, kwargs = sync.dialect.create_connect_args(sync.url)
+        conn = OneTripConnection(
+            functools.partial(sqlite3.connect, *args, **kwargs), iter_chunk_size=64
+        )
+        # As aiosqlite.connect: a thread left running must not keep the process alive.
+        conn._thread.daemon = True
+        await conn  # starts the thread and connects
+        return conn
+
+    return connect

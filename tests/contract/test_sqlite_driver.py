@@ -1,0 +1,85 @@
+"""SQLite's connections do each statement in one trip to their thread, and behave as the stock
+aiosqlite adapter does: rows, counts, errors, transactions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from backfill.adapters.db.dialect import SQLITE
+from backfill.adapters.db.sqlite_driver import OneTripConnection
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    engine = SQLITE.engine(f"sqlite+aiosqlite:///{tmp_path}/t.db")
+    async with engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)"))
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts every trip to a connection's thread made through ``OneTripConnection``."""
+    made: list[int] = []
+    real = OneTripConnection._execute
+
+    async def counted(self: OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return await real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(OneTripConnection, "_execute", counted)
+    return made
+
+
+async def test_a_read_and_a_write_are_one_trip_each(engine: AsyncEngine, trips: list[int]) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))  # the pool's first checkout is behind us
+        trips.clear()
+        rows = (await conn.execute(text("SELECT :a + 1 AS b, 'x' AS c"), {"a": 41})).all()
+        assert [tuple(r) for r in rows] == [(42, "x")]
+        assert len(trips) == 1
+        trips.clear()
+        res = await conn.execute(
+            text("INSERT INTO t (id, v) VALUES (:id, :v)"),
+            [{"id": i, "v": str(i)} for i in range(5)],
+        )
+        assert res.rowcount == 5
+        assert len(trips) == 1
+        await conn.commit()
+
+
+async def test_rows_counts_and_returning_are_those_of_the_statement(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        res = await conn.execute(text("INSERT INTO t (v) VALUES ('a')"))
+        assert res.lastrowid == 1
+        await conn.exec_driver_sql("INSERT INTO t (v) VALUES (?)", [("b",), ("c",)])
+        res = await conn.execute(text("UPDATE t SET v = v || '!' WHERE id > 1"))
+        assert res.rowcount == 2
+        res = await conn.execute(text("UPDATE t SET v = 'z' WHERE id = 3 RETURNING id, v"))
+        assert [tuple(r) for r in res.all()] == [(3, "z")]
+        assert (await conn.execute(text("SELECT v FROM t WHERE id = 99"))).first() is None
+        many = await conn.execute(text("SELECT id FROM t ORDER BY id"))
+        assert many.fetchone() == (1,)
+        assert [tuple(r) for r in many.fetchmany(1)] == [(2,)]
+        assert [tuple(r) for r in many.all()] == [(3,)]
+
+
+async def test_errors_are_the_drivers_and_roll_the_transaction_back(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'kept?')"))
+        with pytest.raises(IntegrityError):
+            await conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'twice')"))
+        await conn.rollback()
+        with pytest.raises(OperationalError, match="no such table"):
+            await conn.execute(text("SELECT * FROM nowhere"))
+    async with engine.connect() as conn:
+        # The first insert rolled back; the connection still works.
+        assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
