@@ -33,7 +33,7 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     async def counted(self: OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
         made.append(1)
-        return await real(self, fn, *args, **kwargs)
+        return await real(self, fn, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(OneTripConnection, "_execute", counted)
     return made

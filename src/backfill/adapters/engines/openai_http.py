@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
+from backfill.adapters.engines.http1 import Http1Pool
 from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
 
 
@@ -122,6 +123,13 @@ class OpenAIHttpEngine:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        # Requests go through the lean client; health checks through aiohttp.
+        self._requests = Http1Pool(
+            self._root,
+            self._headers,
+            connect_s=connect_timeout_s,
+            total_s=request_timeout_s,
+        )
         self._health_error: str | None = None
 
     @property
@@ -158,20 +166,18 @@ class OpenAIHttpEngine:
         payload.pop("stream", None)
         if self._priority is not None:
             payload["priority"] = self._priority
-        url = self._root + path
         try:
             # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.
-            data = msgspec.json.encode(payload)
-            async with self._client().post(url, data=data) as response:
-                return EngineReply(
-                    status=response.status,
-                    body=await response.read(),
-                    retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
-                )
+            answer = await self._requests.post(path, msgspec.json.encode(payload))
         except TimeoutError:
             raise EngineTimeout(f"{self.name} did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
             raise EngineUnreachable(f"{self.name}: {type(exc).__name__}") from None
+        return EngineReply(
+            status=answer.status,
+            body=answer.body,
+            retry_after_s=parse_retry_after(answer.retry_after),
+        )
 
     async def healthy(self) -> bool:
         self._health_error = await self._check()
@@ -195,5 +201,6 @@ class OpenAIHttpEngine:
         return f"GET /v1/models answered HTTP {status}" + (f" ({hint})" if hint else "")
 
     async def close(self) -> None:
+        self._requests.close()
         if self._session is not None:
             await self._session.close()
