@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -271,3 +273,36 @@ def test_on_uvloop_as_the_server_runs_it() -> None:
         return await sized(request, writer)
 
     assert uvloop.run(exchange()) == [2]
+
+
+async def test_interim_answers_are_skipped() -> None:
+    async def interim_first(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n")
+        return await sized(request, writer)
+
+    async with server(interim_first) as (url, per_connection):
+        client = pool(url)
+        for n in range(3):
+            answer = await client.post("/x", b"[%d]" % n)
+            assert (answer.status, answer.body) == (200, b"[%d]" % n)
+        client.close()
+    assert per_connection == [3]
+
+
+async def test_an_unsized_answer_cut_by_a_reset_is_not_whole() -> None:
+    async def reset_mid_body(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npart of it")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        # RST, not FIN (linger 0): the body did not end here.
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        return False
+
+    async with server(reset_mid_body) as (url, _):
+        client = pool(url)
+        with pytest.raises(ConnectionClosed):
+            await client.post("/x", b"{}")
+        client.close()

@@ -62,6 +62,10 @@ class _Exchange(asyncio.Protocol):
         self._transport.write(request)
         return self._answer
 
+    @property
+    def reusable(self) -> bool:
+        return self.open and self._transport is not None and not self._transport.is_closing()
+
     def abort(self) -> None:
         self.open = False
         if self._transport is not None:
@@ -76,7 +80,7 @@ class _Exchange(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(f"the engine's answer is not HTTP/1.1 ({exc})")
             self.abort()
 
@@ -88,7 +92,7 @@ class _Exchange(asyncio.Protocol):
         answer = self._answer
         if answer is None or answer.done():
             return
-        if self._head_done and not self._sized:
+        if exc is None and self._head_done and not self._sized:
             # Neither sized nor chunked: the body ends where the connection does.
             self.on_message_complete()
         else:
@@ -100,7 +104,9 @@ class _Exchange(asyncio.Protocol):
         key = name.lower()
         if key == b"retry-after":
             self._retry_after = value.decode("latin-1")
-        elif key in (b"content-length", b"transfer-encoding"):
+        elif key == b"content-length" or (
+            key == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
             self._sized = True
 
     def on_headers_complete(self) -> None:
@@ -110,14 +116,17 @@ class _Exchange(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        answer, self._answer = self._answer, None
         body, self._body = b"".join(self._body), []
         retry_after, self._retry_after = self._retry_after, None
         self._head_done = self._sized = False
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            return  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+        answer, self._answer = self._answer, None
         if not self._parser.should_keep_alive():
             self.open = False
         if answer is not None and not answer.done():
-            answer.set_result(Answer(self._parser.get_status_code(), body, retry_after))
+            answer.set_result(Answer(status, body, retry_after))
 
     def _fail(self, why: str) -> None:
         self.open = False
@@ -192,7 +201,7 @@ class Http1Pool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if conn.open and now - conn.idle_since < IDLE_REUSE_S:
+            if conn.reusable and now - conn.idle_since < IDLE_REUSE_S:
                 return conn
             conn.abort()
         loop = asyncio.get_running_loop()
