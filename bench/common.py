@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -150,6 +151,12 @@ def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Pope
     if match is None:
         raise RuntimeError(log.read_text())
     return process, base, match.group(0)
+
+
+def own_cpu() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds(pid: int) -> float:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from bench.common import (
     cpu_seconds,
     create_batch,
     free_port,
+    own_cpu,
     request_line,
     sim_config,
     start_backfill,
@@ -81,15 +81,10 @@ async def baseline(url: str, lines: list[bytes], concurrency: int) -> tuple[floa
                 if response.status != 200:
                     raise RuntimeError(f"engine answered {response.status}")
 
-        cpu_before = _own_cpu()
+        cpu_before = own_cpu()
         start = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
-        return time.perf_counter() - start, _own_cpu() - cpu_before
-
-
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+        return time.perf_counter() - start, own_cpu() - cpu_before
 
 
 def run_backfill(

@@ -14,47 +14,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import time
 from statistics import mean
 from typing import Any
 
-import aiohttp
 import orjson
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from bench.common import MODEL, request_line, start_simulator, stop
+from bench.common import MODEL, own_cpu, request_line, start_simulator, stop
+from bench.drain import baseline
 
 CHAT = "/v1/chat/completions"
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-async def bare(url: str, bodies: list[bytes], concurrency: int) -> None:
-    slots = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def one(body: bytes) -> None:
-            async with (
-                slots,
-                session.post(
-                    url + "/chat/completions",
-                    data=body,
-                    headers={"Content-Type": "application/json"},
-                ) as response,
-            ):
-                if response.status != 200:
-                    raise RuntimeError(f"HTTP {response.status}")
-                await response.read()
-
-        await asyncio.gather(*(one(b) for b in bodies))
-
-
-async def adapter(url: str, bodies: list[dict[str, Any]], concurrency: int) -> None:
+async def adapter(url: str, lines: list[bytes], concurrency: int) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) to send ``lines`` through the adapter."""
+    bodies: list[dict[str, Any]] = [orjson.loads(line)["body"] for line in lines]
     engine = OpenAIHttpEngine("sim", url, {MODEL: MODEL}, max_concurrency=concurrency)
     slots = asyncio.Semaphore(concurrency)
 
@@ -64,10 +39,12 @@ async def adapter(url: str, bodies: list[dict[str, Any]], concurrency: int) -> N
             if reply.status != 200:
                 raise RuntimeError(f"HTTP {reply.status}")
 
+    cpu_before, start = own_cpu(), time.perf_counter()
     try:
         await asyncio.gather(*(one(b) for b in bodies))
     finally:
         await engine.close()
+    return time.perf_counter() - start, own_cpu() - cpu_before
 
 
 def main() -> None:
@@ -78,17 +55,12 @@ def main() -> None:
     args = parser.parse_args()
     engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
     try:
-        parsed = [orjson.loads(request_line(i, 64))["body"] for i in range(args.requests)]
-        raw = [orjson.dumps(body) for body in parsed]
+        lines = [request_line(i, 64) for i in range(args.requests)]
         measured: dict[str, list[tuple[float, float]]] = {"bare": [], "adapter": []}
         for r in range(args.rounds):
             for side in ("bare", "adapter") if r % 2 == 0 else ("adapter", "bare"):
-                cpu, start = _cpu(), time.perf_counter()
-                if side == "bare":
-                    asyncio.run(bare(url, raw, args.concurrency))
-                else:
-                    asyncio.run(adapter(url, parsed, args.concurrency))
-                measured[side].append((time.perf_counter() - start, _cpu() - cpu))
+                run = baseline if side == "bare" else adapter
+                measured[side].append(asyncio.run(run(url, lines, args.concurrency)))
     finally:
         stop(engine)
     n = args.requests

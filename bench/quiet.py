@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import orjson
 from bench.common import (
     cpu_seconds,
     create_batch,
+    own_cpu,
     request_line,
     sim_config,
     start_backfill,
@@ -94,14 +94,9 @@ async def bare_client(url: str, seconds: float) -> tuple[float, float]:
                 ) as response:
                     await response.read()
 
-        before, start = _own_cpu(), time.monotonic()
+        before, start = own_cpu(), time.monotonic()
         await asyncio.gather(*(slot() for _ in range(SLOTS)))
-        return _own_cpu() - before, time.monotonic() - start
-
-
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+        return own_cpu() - before, time.monotonic() - start
 
 
 def main() -> None:
