@@ -426,3 +426,14 @@ def test_parse_retry_after_http_date() -> None:
     assert 100 <= seconds <= 121
     past = email.utils.formatdate(time.time() - 3600, usegmt=True)
     assert parse_retry_after(past) == 0.0
+
+
+@pytest.mark.parametrize("url", ["", "localhost:8000/v1", "ftp://engine/v1"])
+async def test_http_base_url_no_request_can_use_is_unreachable_not_a_crash(url: str) -> None:
+    engine = OpenAIHttpEngine("bad", url, {CATALOG_NAME: SERVED_NAME})
+    try:
+        with pytest.raises(EngineUnreachable, match="not an http"):
+            await engine.send(CHAT, CATALOG_NAME, chat_body())
+        assert await engine.healthy() is False
+    finally:
+        await engine.close()

@@ -306,3 +306,8 @@ async def test_an_unsized_answer_cut_by_a_reset_is_not_whole() -> None:
         with pytest.raises(ConnectionClosed):
             await client.post("/x", b"{}")
         client.close()
+
+
+def test_a_header_with_a_line_break_is_refused() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        Http1Pool("http://e", {"Authorization": "Bearer k\r\nX-Evil: 1"}, connect_s=1, total_s=1)

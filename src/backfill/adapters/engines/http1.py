@@ -171,6 +171,8 @@ class Http1Pool:
             lines["Authorization"] = "Basic " + base64.b64encode(user_pass.encode()).decode()
         # No compressed answers: decoding them would cost more CPU than the bytes saved.
         lines |= {"Accept-Encoding": "identity", "User-Agent": "backfill", **headers}
+        if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in lines.items()):
+            raise ValueError("a header (the api_key?) holds a line break")
         self._head = "".join(f"{k}: {v}\r\n" for k, v in lines.items()).encode("latin-1")
         self._connect_s = connect_s
         self._total_s = total_s

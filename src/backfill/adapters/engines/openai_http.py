@@ -123,13 +123,10 @@ class OpenAIHttpEngine:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
-        # Requests go through the lean client; health checks through aiohttp.
-        self._requests = Http1Pool(
-            self._root,
-            self._headers,
-            connect_s=connect_timeout_s,
-            total_s=request_timeout_s,
-        )
+        self._connect_timeout_s = connect_timeout_s
+        self._request_timeout_s = request_timeout_s
+        # Requests go through the lean client, made at the first; health checks through aiohttp.
+        self._requests: Http1Pool | None = None
         self._health_error: str | None = None
 
     @property
@@ -168,7 +165,9 @@ class OpenAIHttpEngine:
             payload["priority"] = self._priority
         try:
             # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.
-            answer = await self._requests.post(path, msgspec.json.encode(payload))
+            answer = await self._pool().post(path, msgspec.json.encode(payload))
+        except ValueError as exc:  # a base_url or api_key no request can carry
+            raise EngineUnreachable(f"{self.name}: {exc}") from None
         except TimeoutError:
             raise EngineTimeout(f"{self.name} did not answer in time") from None
         except OSError as exc:
@@ -178,6 +177,16 @@ class OpenAIHttpEngine:
             body=answer.body,
             retry_after_s=parse_retry_after(answer.retry_after),
         )
+
+    def _pool(self) -> Http1Pool:
+        if self._requests is None:
+            self._requests = Http1Pool(
+                self._root,
+                self._headers,
+                connect_s=self._connect_timeout_s,
+                total_s=self._request_timeout_s,
+            )
+        return self._requests
 
     async def healthy(self) -> bool:
         self._health_error = await self._check()
@@ -201,6 +210,7 @@ class OpenAIHttpEngine:
         return f"GET /v1/models answered HTTP {status}" + (f" ({hint})" if hint else "")
 
     async def close(self) -> None:
-        self._requests.close()
+        if self._requests is not None:
+            self._requests.close()
         if self._session is not None:
             await self._session.close()
