@@ -56,6 +56,7 @@ bench: $(STAMP)
 	PYTHONPATH=. $(PY) -m bench.validation
 	PYTHONPATH=. $(PY) -m bench.drain
 	PYTHONPATH=. $(PY) -m bench.engine_client
+	PYTHONPATH=. $(PY) -m bench.statements
 	PYTHONPATH=. $(PY) -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32 --mode both
 	PYTHONPATH=. $(PY) -m bench.quiet
 	PYTHONPATH=. $(PY) -m bench.accept_1m
