@@ -26,10 +26,9 @@ _Done = tuple[Any, list[Any], int, int | None]
 
 
 class OneTripCursor:
-    """The part of ``aiosqlite.Cursor`` SQLAlchemy's adapter uses, each statement one trip.
-
-    Every row is fetched in that trip, as the adapter itself does for a non-streaming cursor
-    (Backfill opens no server-side cursors)."""
+    """The part of ``aiosqlite.Cursor`` SQLAlchemy's adapter uses for a non-streaming cursor
+    (enter, execute, executemany, fetchall, close), each statement one trip. Every row is
+    fetched in that trip, as the adapter itself does; Backfill opens no server-side cursors."""
 
     __slots__ = ("_conn", "_rows", "arraysize", "description", "lastrowid", "rowcount")
 
@@ -43,9 +42,6 @@ class OneTripCursor:
 
     async def __aenter__(self) -> OneTripCursor:
         return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.close()
 
     def _run(self, many: bool, sql: str, params: Any) -> _Done:
         """In the connection's thread: the statement, its rows, its counts."""
@@ -74,14 +70,6 @@ class OneTripCursor:
 
     async def fetchall(self) -> list[Any]:
         rows, self._rows = self._rows, []
-        return rows
-
-    async def fetchone(self) -> Any:
-        return self._rows.pop(0) if self._rows else None
-
-    async def fetchmany(self, size: int | None = None) -> list[Any]:
-        n = self.arraysize if size is None else size
-        rows, self._rows = self._rows[:n], self._rows[n:]
         return rows
 
     async def close(self) -> None:
