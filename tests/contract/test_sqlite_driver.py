@@ -33,7 +33,7 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     async def counted(self: OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
         made.append(1)
-        return await real(self, fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+        return await real(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(OneTripConnection, "_execute", counted)
     return made
@@ -83,3 +83,40 @@ async def test_errors_are_the_drivers_and_roll_the_transaction_back(engine: Asyn
     async with engine.connect() as conn:
         # The first insert rolled back; the connection still works.
         assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
+
+
+async def test_the_pools_rollback_after_a_commit_makes_no_trip(
+    engine: AsyncEngine, trips: list[int]
+) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))  # the pool's first checkout is behind us
+    trips.clear()
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'a')"))
+    # The insert and the commit; the pool's rollback on checkin found nothing open.
+    assert len(trips) == 2
+    trips.clear()
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT v FROM t"))).scalar_one() == "a"
+    assert len(trips) == 1
+
+
+async def test_a_transaction_left_open_is_still_rolled_back_by_the_pool(
+    engine: AsyncEngine, trips: list[int]
+) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'not committed')"))
+        trips.clear()
+    assert len(trips) == 1  # the pool's rollback went to the thread
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar_one() == 0
+
+
+async def test_closing_a_connection_is_clean(tmp_path: Path) -> None:
+    engine = SQLITE.engine(f"sqlite+aiosqlite:///{tmp_path}/c.db")
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert isinstance(driver, OneTripConnection)
+    await driver.close()  # the call that closes it answers, not the check after it
+    await engine.dispose()

@@ -3,7 +3,8 @@
 aiosqlite runs its sqlite3 connection in a thread of its own; every call is a trip there and
 back (a queue, the event loop's wake-up, a future). SQLAlchemy's aiosqlite adapter makes four
 for a read (open a cursor, execute, fetch, close) and three for a write. Here a cursor does its
-whole statement in one trip: execute, fetch every row, close. A statement's process CPU falls
+whole statement in one trip: execute, fetch every row, close. And a rollback with no
+transaction open (the pool's, after every commit) makes none. A statement's process CPU falls
 by about two fifths, and a drain runs about one statement for every two or three requests
 (docs/performance.md).
 
@@ -77,9 +78,35 @@ class OneTripCursor:
 
 
 class OneTripConnection(aiosqlite.Connection):
+    # Whether the connection may be inside a transaction: read in its thread at the end of
+    # every call there (sqlite3's ``in_transaction``), True while a call runs.
+    _open = True
+
+    async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._open = True
+        call = functools.partial(fn, *args, **kwargs)
+        return await super()._execute(self._noting, call)  # type: ignore[no-untyped-call]
+
+    def _noting(self, call: Callable[[], Any]) -> Any:
+        """In the connection's thread: ``call()``, then whether a transaction is open. The
+        flag is set before the call's future is resolved, so its awaiter sees it."""
+        try:
+            return call()
+        finally:
+            try:
+                self._open = self._conn.in_transaction
+            except (ValueError, sqlite3.ProgrammingError):  # closed (by this call, maybe)
+                self._open = True
+
+    async def rollback(self) -> None:
+        # SQLAlchemy's pool rolls back every connection it takes back, after a commit as well
+        # (one per transaction): with no transaction open that trip would do nothing.
+        if self._open:
+            await super().rollback()
+
     async def trip(self, call: Callable[[], _Done]) -> _Done:
         """``call()`` in the connection's thread."""
-        done: _Done = await self._execute(call)  # type: ignore[no-untyped-call]
+        done: _Done = await self._execute(call)
         return done
 
     def cursor(self) -> OneTripCursor:  # type: ignore[override]
