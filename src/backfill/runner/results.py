@@ -71,16 +71,26 @@ class ResultWriter:
         accepted = await self._store.write_results([r for r, _ in batch])
         if accepted.finished:
             self._on_finished(accepted.finished)
+        # The counters move once per write, not per result: each move takes a lock.
+        ok_results = failed = tokens_in = tokens_out = 0
         for (result, future), ok in zip(batch, accepted, strict=True):
             future.set_result(ok)
             if not ok:
                 continue
             if result.ok:
-                self._ok.inc()
-                self._tokens_in.inc(result.input_tokens)
-                self._tokens_out.inc(result.output_tokens)
+                ok_results += 1
+                tokens_in += result.input_tokens
+                tokens_out += result.output_tokens
             else:
-                self._failed.inc()
+                failed += 1
+        for counter, amount in (
+            (self._ok, ok_results),
+            (self._failed, failed),
+            (self._tokens_in, tokens_in),
+            (self._tokens_out, tokens_out),
+        ):
+            if amount:
+                counter.inc(amount)
 
     async def stop(self) -> None:
         # The loop ends after the write it is in; cancelling it could cut a statement short.
