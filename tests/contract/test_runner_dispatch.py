@@ -42,16 +42,16 @@ async def dispatcher(
 async def test_claims_fill_each_engine_and_its_backlog_across_orgs(kit: Kit) -> None:
     model = "m-shared"
     a, b = await make_org(kit.store), await make_org(kit.store)
-    await kit.batch(a, 7, model=model)
-    await kit.batch(b, 7, model=model)
+    await kit.batch(a, 5, model=model)
+    await kit.batch(b, 5, model=model)
     engine = ScriptedEngine(model, max_concurrency=8)
     idle = ScriptedEngine("m-other")
     dispatch, pool, started = await dispatcher(kit, engine, idle)
     busy, spare = pool.slots
 
-    assert await dispatch.dispatch_once() == 12
+    assert await dispatch.dispatch_once() == 10
     assert busy.in_flight == 8 == len(started.queued)
-    assert len(busy.backlog) == busy.prefetch == 4
+    assert len(busy.backlog) == busy.prefetch == 2
     assert {q.batch.org_id for q in started.queued} == {a.id, b.id}
     assert spare.in_flight == 0
     assert not spare.backlog
@@ -216,6 +216,5 @@ async def test_without_locality_each_engine_claims_on_its_own(kit: Kit) -> None:
     started = Started()
     pool = await kit.pool(replicas, started)
     dispatch = kit.dispatcher(pool, locality=False)
-    # Each its ten slots and a backlog of half as many.
-    assert await dispatch.dispatch_once() == 45
+    assert await dispatch.dispatch_once() == 36
     assert all(s.in_flight == 10 for s in pool.slots)

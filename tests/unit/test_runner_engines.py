@@ -98,12 +98,12 @@ async def test_done_without_a_started_request_is_refused() -> None:
 
 async def test_wanted_counts_free_slots_plus_prefetch_less_the_backlog() -> None:
     slot, _ = await healthy_slot(8)
-    assert slot.prefetch == 4
-    assert slot.claim_threshold == 2
-    assert slot.wanted == 12
+    assert slot.prefetch == 2
+    assert slot.claim_threshold == 1
+    assert slot.wanted == 10
     slot.offer(work("batch_a", 9))
     assert (slot.in_flight, len(slot.backlog)) == (8, 1)
-    assert slot.wanted == 3
+    assert slot.wanted == 1
 
 
 async def test_an_engine_that_is_down_starts_nothing_until_it_comes_back() -> None:

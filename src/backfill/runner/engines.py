@@ -121,11 +121,11 @@ class EngineSlot:
 
     @property
     def prefetch(self) -> int:
-        """Claimed items kept waiting for a free slot: half the limit's worth. Claims start
-        once a quarter is wanted (``claim_threshold``), so each takes that many or more and a
-        slot that frees up still finds the next request waiting."""
+        """Claimed items kept waiting for a free slot: a quarter of the limit's worth. Half the
+        limit took a tenth off the CPU per request, but a batch arriving behind another org's
+        backlog then waited past its fair share's 1.2x (docs/performance.md)."""
         limit = self.governor.limit
-        return max(1, limit // 2) if limit > 0 else 0
+        return max(1, limit // 4) if limit > 0 else 0
 
     @property
     def in_flight(self) -> int:
