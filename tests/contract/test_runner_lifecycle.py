@@ -69,7 +69,7 @@ async def test_a_cancel_waits_for_the_running_request_then_closes_the_rest(kit: 
     engine.gate = asyncio.Event()
     p = await parts(kit, engine)
     [slot] = p.pool.slots
-    assert await p.dispatch.dispatch_once() == 2
+    assert await p.dispatch.dispatch_once() == 3
     assert await kit.store.transition(
         batch.id, [BatchStatus.IN_PROGRESS], BatchStatus.CANCELLING, int(kit.clock.now())
     )

@@ -99,11 +99,31 @@ async def test_done_without_a_started_request_is_refused() -> None:
 async def test_wanted_counts_free_slots_plus_prefetch_less_the_backlog() -> None:
     slot, _ = await healthy_slot(8)
     assert slot.prefetch == 2
-    assert slot.claim_threshold == 1
+    assert slot.claim_threshold == 2
     assert slot.wanted == 10
     slot.offer(work("batch_a", 9))
     assert (slot.in_flight, len(slot.backlog)) == (8, 1)
     assert slot.wanted == 1
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, 8, 15, 16, 64])
+async def test_a_small_engine_claims_two_at_a_time_and_never_waits_for_a_claim(
+    limit: int,
+) -> None:
+    """Each claim takes at least two items, yet whenever a slot frees up with no backlog left
+    the slot already wants a claim: a request never waits on a claim the dispatcher held
+    back."""
+    slot, started = await healthy_slot(limit)
+    assert 2 <= slot.claim_threshold <= slot.prefetch
+    slot.offer(work("batch_a", slot.wanted))
+    for _ in range(3 * limit):
+        slot.done()
+        if not slot.backlog and slot.in_flight < limit:
+            assert slot.wanted >= slot.claim_threshold
+        if slot.wanted >= slot.claim_threshold:
+            slot.offer(work("batch_a", slot.wanted))
+        assert slot.in_flight == limit
+    assert len(started.started) == 4 * limit
 
 
 async def test_an_engine_that_is_down_starts_nothing_until_it_comes_back() -> None:

@@ -35,6 +35,8 @@ Start = Callable[["EngineSlot", Queued], None]
 
 # A shared engine whose metrics cannot be read is looked at again this much later.
 _PROBE_RETRY_S = 5.0
+# The fewest claimed items an engine's backlog holds, and the fewest a claim takes.
+MIN_PREFETCH = 2
 # An engine started on demand stops after this long without a request: idle, its process
 # still holds CPU threads and the model's memory, and starting it again takes seconds.
 IDLE_STOP_S = 600.0
@@ -121,11 +123,14 @@ class EngineSlot:
 
     @property
     def prefetch(self) -> int:
-        """Claimed items kept waiting for a free slot: a quarter of the limit's worth. Half the
-        limit took a tenth off the CPU per request, but a batch arriving behind another org's
-        backlog then waited past its fair share's 1.2x (docs/performance.md)."""
+        """Claimed items kept waiting for a free slot: a quarter of the limit's worth, and at
+        least two. Half the limit took a tenth off the CPU per request, but a batch arriving
+        behind another org's backlog then waited past its fair share's 1.2x. Two, not one, on
+        a small engine lets each claim take two items (``claim_threshold``): one claim per
+        request was most of what a worker spends waiting on a slow engine
+        (docs/performance.md)."""
         limit = self.governor.limit
-        return max(1, limit // 4) if limit > 0 else 0
+        return max(MIN_PREFETCH, limit // 4) if limit > 0 else 0
 
     @property
     def in_flight(self) -> int:
@@ -150,8 +155,10 @@ class EngineSlot:
 
     @property
     def claim_threshold(self) -> int:
-        """Claim once this many items are wanted: fewer, larger claims cost less CPU."""
-        return max(1, self.prefetch // 2)
+        """Claim once this many items are wanted: fewer, larger claims cost less CPU. Never
+        more than ``prefetch``: a slot that frees up with the backlog empty wants more than
+        that, so no slot waits for work that a claim could have brought."""
+        return max(MIN_PREFETCH, self.prefetch // 2)
 
     @property
     def wanted(self) -> int:
