@@ -13,6 +13,7 @@ import pytest
 from alembic import command
 from sqlalchemy import bindparam, text
 
+from backfill.adapters.clock import ManualClock
 from backfill.adapters.db.claims import LANES_PER_CLAIM, pick_sql
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
@@ -20,6 +21,7 @@ from backfill.domain.chunks import CHUNK_LINES
 from backfill.domain.planning import NOT_URGENT, LanePlan, ModelRate, Plan, plan
 from backfill.domain.records import Org
 from backfill.errors import RateLimited
+from backfill.services.planner import PLANNER, Planner
 from tests.contract.test_store import (
     ADMIT_ALL,
     LEASE,
@@ -301,3 +303,19 @@ async def test_the_upgrade_keeps_lanes_where_they_stood(empty_url: str) -> None:
         assert tuple(row) == (7.0, 7, NOT_URGENT, 0.0)
     finally:
         await made.close()
+
+
+async def test_an_idle_planner_stores_nothing_and_takes_no_lease(store: SqlStore) -> None:
+    """With no work anywhere a pass is reads alone; with work it takes the lease to store its
+    plan, and a planner of another process then waits for that lease."""
+    clock = ManualClock(NOW)
+    mine, theirs = (Planner(store, clock, interval_s=5, margin_fraction=0.1) for _ in range(2))
+    assert await mine.plan() == Plan([], [], {})
+    # The lease is free: another process's planner takes it.
+    assert await store.take_singleton(PLANNER, theirs.holder, NOW + 15, NOW)
+    assert await mine.plan() == Plan([], [], {})  # nothing to store, so no lease needed
+    await make_batch(store, await make_org(store), 10, model="m")
+    assert await mine.plan() is None  # a plan to store, but the lease is theirs
+    made = await theirs.plan()
+    assert made is not None
+    assert made.rates or made.lanes or made.estimates

@@ -15,6 +15,7 @@ from backfill.domain.planning import (
     RATE_SMOOTHING,
     LaneLoad,
     ModelRate,
+    Plan,
     PlanInputs,
     RunningBatch,
     estimate_changed,
@@ -159,6 +160,8 @@ def test_the_rate_counts_only_windows_busy_at_every_look() -> None:
     # Idle at a look: the window starts again there, and the rate stays as it was.
     idle = measure(smoothed, "m", 2503, False, NOW + 30)
     assert (idle.rps, idle.observed_at, idle.busy) == (smoothed.rps, NOW + 30, False)
+    # Idle at the next look too: nothing changed, so nothing is stored.
+    assert measure(idle, "m", 2503, False, NOW + 40) is idle
     back = measure(idle, "m", 2503, True, NOW + 3600)
     assert back.rps == smoothed.rps is not None
     # Work ready but nothing served for a whole minute: a real slowdown, measured.
@@ -207,6 +210,50 @@ def test_a_plan_measures_shares_marks_urgent_lanes_and_estimates() -> None:
     assert shares["y"].urgent_by == int(NOW) + 100
     assert shares["x"].urgent_by == NOT_URGENT
     assert made.estimates == {"soon": int(NOW) + 120, "bulk": int(NOW) + 560}
+
+
+def test_once_a_model_is_idle_its_plans_are_empty() -> None:
+    """A worker with nothing to do plans nothing to store (no write every few seconds)."""
+    lanes = [lane_load("x", 1300, 1000, ready=False)]
+    rates = [ModelRate("m", 10.0, NOW - 40, 1000, True)]
+    plans = []
+    for look in range(4):
+        made = plan(PlanInputs(lanes, rates, running=[]), NOW + 10 * look, 0.1)
+        plans.append(made)
+        # Store it as apply_plan does.
+        rates = made.rates or rates
+        stored = {(p.model, p.org_id): p for p in made.lanes}
+        lanes = [
+            dataclasses.replace(
+                lane,
+                served_mark=stored[key].served_mark,
+                share=stored[key].share,
+                urgent_by=stored[key].urgent_by,
+            )
+            if (key := (lane.model, lane.org_id)) in stored
+            else lane
+            for lane in lanes
+        ]
+    # The model just went idle: that is stored once.
+    assert plans[0].rates
+    assert plans[0].lanes
+    assert plans[2:] == [Plan([], [], {})] * 2
+    assert rates[0].rps == 10.0  # the last busy rate is kept
+
+
+def test_a_busy_lane_whose_share_holds_keeps_its_mark() -> None:
+    """Alone on its model a lane always has all of the share: only its mark would move, so
+    nothing is stored, and the next plan measures from the mark as it stands. Once another
+    lane shares the model, every lane's mark moves with the shares."""
+    alone = [dataclasses.replace(lane_load("x", 1300, 1000), share=1.0)]
+    rates = [ModelRate("m", 10.0, NOW - 10, 1200, True)]
+    assert plan(PlanInputs(alone, rates, running=[]), NOW, 0.1).lanes == []
+    shared = [*alone, lane_load("y", 100, 0)]
+    made = plan(PlanInputs(shared, rates, running=[]), NOW, 0.1)
+    assert {(p.org_id, p.served_mark, p.share) for p in made.lanes} == {
+        ("x", 1300, 0.75),
+        ("y", 100, 0.25),
+    }
 
 
 def test_without_a_rate_nothing_is_urgent_and_estimates_are_unknown() -> None:

@@ -101,7 +101,8 @@ class Plan:
     rates: list[ModelRate]
     """Only models whose rate or measurement window changed."""
     lanes: list[LanePlan]
-    """Only lanes whose mark, share or urgency changed."""
+    """Only lanes whose share or urgency changed (with every lane of the model, their marks),
+    or whose mark moved while their model is idle."""
     estimates: dict[str, int | None]
     """Only batches whose estimate changed (None: unknown)."""
 
@@ -114,7 +115,11 @@ def measure(
     A window counts only while the model had work ready at every look: an idle model keeps
     its last busy rate, so a quiet night does not make the morning's first batch look
     impossible. A window is measured once it holds enough lines or time; until then it grows.
+    An idle model's record stays as it is while it stays idle: its window starts again at its
+    next busy look, so rewriting it at every idle look would store nothing of use.
     """
+    if previous is not None and not previous.busy and not busy:
+        return previous
     if previous is None or not (previous.busy and busy):
         return ModelRate(model, previous.rps if previous else None, now, served, busy)
     lines, elapsed = served - previous.served, now - previous.observed_at
@@ -263,7 +268,24 @@ def _lane_plans(
             0.0,
         ):
             plans.append(LanePlan(lane.model, lane.org_id, lane.served, share, urgent_by, forgiven))
+    if busy and not any(_moved(plan, lane) for plan, lane in _with_lanes(plans, lanes)):
+        # Only the marks moved (a busy model's one lane always has all of its share): the
+        # next plan measures shares since the marks as they stand. Every lane of the model
+        # keeps its mark together, so the shares still add up to the whole.
+        return []
     return plans
+
+
+def _with_lanes(
+    plans: Sequence[LanePlan], lanes: Sequence[LaneLoad]
+) -> list[tuple[LanePlan, LaneLoad]]:
+    by_org = {lane.org_id: lane for lane in lanes}
+    return [(plan, by_org[plan.org_id]) for plan in plans]
+
+
+def _moved(plan: LanePlan, lane: LaneLoad) -> bool:
+    """Whether a lane's plan changes more than its mark."""
+    return (plan.share, plan.urgent_by, plan.forgiven) != (lane.share, lane.urgent_by, 0.0)
 
 
 def _ahead_of_level(lane: LaneLoad, lanes: Sequence[LaneLoad]) -> float:

@@ -35,11 +35,21 @@ class Planner:
         self.holder = ids.lease_token()
 
     async def plan(self) -> Plan | None:
-        """One pass; the plan it stored, or None while another process holds the lease."""
+        """One pass; the plan it stored (empty: nothing to store), or None while another
+        process holds the lease.
+
+        The lease is taken only for a plan that stores something: an idle worker then plans
+        with reads alone, no write (and no ``fsync``) every few seconds. A plan made from
+        reads just before the lease is as good as one made just after: the lease changes
+        hands only once it has lapsed, and a plan's lane updates are relative to claims made
+        since its reads.
+        """
         now = self._clock.now()
+        made = plan(await self._store.plan_inputs(), now, self._margin_fraction)
+        if not (made.rates or made.lanes or made.estimates):
+            return made
         until = now + _LEASE_PASSES * self.interval_s
         if not await self._store.take_singleton(PLANNER, self.holder, until, now):
             return None
-        made = plan(await self._store.plan_inputs(), now, self._margin_fraction)
         await self._store.apply_plan(made)
         return made
