@@ -101,6 +101,24 @@ async def test_the_pools_rollback_after_a_commit_makes_no_trip(
     assert len(trips) == 1
 
 
+async def test_a_transaction_that_only_read_commits_without_a_trip(
+    engine: AsyncEngine, trips: list[int]
+) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))  # the pool's first checkout is behind us
+    trips.clear()
+    async with engine.begin() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar_one() == 0
+    assert len(trips) == 1  # the read; its commit and the pool's rollback found nothing open
+    trips.clear()
+    async with engine.begin() as conn:
+        await conn.execute(text("SELECT count(*) FROM t"))
+        await conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'a')"))
+    assert len(trips) == 3  # a write after a read still commits
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT v FROM t"))).scalar_one() == "a"
+
+
 async def test_a_transaction_left_open_is_still_rolled_back_by_the_pool(
     engine: AsyncEngine, trips: list[int]
 ) -> None:
