@@ -106,6 +106,11 @@ class Plan:
     estimates: dict[str, int | None]
     """Only batches whose estimate changed (None: unknown)."""
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to store."""
+        return not (self.rates or self.lanes or self.estimates)
+
 
 def measure(
     previous: ModelRate | None, model: str, served: int, busy: bool, now: float

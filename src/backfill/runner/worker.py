@@ -145,9 +145,9 @@ class Worker:
         self._clock = clock
         self._janitor = janitor
         self._planner = planner
-        # A plan that changes nothing (no batch runs) is made less often, up to two intervals
-        # apart (within the planner's lease of three); a batch created here brings the next
-        # one back to the interval.
+        # A plan that stores nothing (no batch runs, or one runs alone at a steady pace) is
+        # made less often, up to two intervals apart (it takes no lease then); a batch created
+        # here brings the next one back to the interval.
         plan_s = planner.interval_s if planner is not None else 1.0
         self._planner_pace = Pace(plan_s, 2 * plan_s)
         # A batch ended here has notifications due: the notifier looks within its interval.
@@ -338,7 +338,7 @@ class Worker:
         """One planning pass; whether it changed anything (None: another process plans)."""
         assert self._planner is not None
         made = await self._planner.plan()
-        return made is not None and bool(made.rates or made.lanes or made.estimates)
+        return made is not None and not made.empty
 
     async def _lifecycle_step(self) -> bool:
         found = await self._lifecycle.once()

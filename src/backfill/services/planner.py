@@ -46,7 +46,7 @@ class Planner:
         """
         now = self._clock.now()
         made = plan(await self._store.plan_inputs(), now, self._margin_fraction)
-        if not (made.rates or made.lanes or made.estimates):
+        if made.empty:
             return made
         until = now + _LEASE_PASSES * self.interval_s
         if not await self._store.take_singleton(PLANNER, self.holder, until, now):
