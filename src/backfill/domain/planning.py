@@ -256,6 +256,7 @@ def _lane_plans(
     lanes: Sequence[LaneLoad], grown: int, busy: bool, urgent: dict[str, int]
 ) -> list[LanePlan]:
     plans = []
+    moved = False  # whether any lane's plan changes more than its mark
     for lane in lanes:
         if grown > 0:
             share = (lane.served - lane.served_mark) / grown
@@ -266,31 +267,16 @@ def _lane_plans(
         forgiven = 0.0
         if lane.urgent_by < NOT_URGENT <= urgent_by:
             forgiven = _ahead_of_level(lane, lanes)
-        if (lane.served, share, urgent_by, forgiven) != (
-            lane.served_mark,
-            lane.share,
-            lane.urgent_by,
-            0.0,
-        ):
+        changed = (share, urgent_by, forgiven) != (lane.share, lane.urgent_by, 0.0)
+        moved = moved or changed
+        if changed or lane.served != lane.served_mark:
             plans.append(LanePlan(lane.model, lane.org_id, lane.served, share, urgent_by, forgiven))
-    if busy and not any(_moved(plan, lane) for plan, lane in _with_lanes(plans, lanes)):
+    if busy and not moved:
         # Only the marks moved (a busy model's one lane always has all of its share): the
         # next plan measures shares since the marks as they stand. Every lane of the model
         # keeps its mark together, so the shares still add up to the whole.
         return []
     return plans
-
-
-def _with_lanes(
-    plans: Sequence[LanePlan], lanes: Sequence[LaneLoad]
-) -> list[tuple[LanePlan, LaneLoad]]:
-    by_org = {lane.org_id: lane for lane in lanes}
-    return [(plan, by_org[plan.org_id]) for plan in plans]
-
-
-def _moved(plan: LanePlan, lane: LaneLoad) -> bool:
-    """Whether a lane's plan changes more than its mark."""
-    return (plan.share, plan.urgent_by, plan.forgiven) != (lane.share, lane.urgent_by, 0.0)
 
 
 def _ahead_of_level(lane: LaneLoad, lanes: Sequence[LaneLoad]) -> float:
