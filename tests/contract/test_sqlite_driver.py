@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -115,6 +115,44 @@ async def test_a_transaction_left_open_is_still_rolled_back_by_the_pool(
     assert len(trips) == 1  # the pool's rollback went to the thread
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar_one() == 0
+
+
+async def test_a_whole_transaction_is_one_trip(engine: AsyncEngine, trips: list[int]) -> None:
+    def body(conn: Connection) -> list[tuple[int, str]]:
+        conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'a')"))
+        conn.exec_driver_sql("INSERT INTO t (id, v) VALUES (?, ?)", [(2, "b"), (3, "c")])
+        done = conn.execute(text("UPDATE t SET v = v || '!' WHERE id > 1 RETURNING id, v"))
+        return sorted((r.id, r.v) for r in done)
+
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))  # the pool's first checkout is behind us
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert isinstance(driver, OneTripConnection)
+        trips.clear()
+        assert await driver.transaction(body) == [(2, "b!"), (3, "c!")]
+        assert len(trips) == 1
+    # Committed: another connection's read sees it, and the pool's rollback made no trip.
+    assert len(trips) == 1
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT id, v FROM t ORDER BY id"))
+        assert [tuple(r) for r in rows] == [(1, "a"), (2, "b!"), (3, "c!")]
+
+
+async def test_a_transaction_that_raises_leaves_nothing(engine: AsyncEngine) -> None:
+    def body(conn: Connection) -> None:
+        conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'rolled back')"))
+        conn.execute(text("INSERT INTO t (id, v) VALUES (1, 'twice')"))
+
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert isinstance(driver, OneTripConnection)
+        with pytest.raises(IntegrityError):
+            await driver.transaction(body)
+        # The same connection goes on: its next transaction commits alone.
+        await driver.transaction(lambda c: c.execute(text("INSERT INTO t (id, v) VALUES (2, 'b')")))
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT id, v FROM t"))
+        assert [tuple(r) for r in rows] == [(2, "b")]
 
 
 async def test_closing_a_connection_is_clean(tmp_path: Path) -> None:

@@ -280,7 +280,7 @@ class BatchQueries(SqlBase):
                 if to == BatchStatus.IN_PROGRESS:
                     await open_lane(conn, moved, self.dialect)
                 elif to != BatchStatus.VALIDATING:
-                    await drop_chunks(conn, batch_id)
+                    await conn.run_sync(drop_chunks, batch_id)
                 if to in TERMINAL:
                     await enqueue_terminal(conn, batch_id, now)
         return moved is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Insert, UpdateBase, bindparam
+from sqlalchemy import Connection, Dialect, Insert, UpdateBase, bindparam
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 
@@ -29,9 +29,8 @@ class DriverStatement:
         self._stmt = stmt
         self._sql: dict[str, str] = {}
 
-    def sql(self, conn: AsyncConnection) -> str:
+    def sql(self, dialect: Dialect) -> str:
         """The statement in the driver's own parameter style, compiled once per dialect."""
-        dialect = conn.dialect
         sql = self._sql.get(dialect.name)
         if sql is None:
             compiled = self._stmt.compile(dialect=dialect)
@@ -42,7 +41,12 @@ class DriverStatement:
 
     async def run(self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:
-            await conn.exec_driver_sql(self.sql(conn), rows)
+            await conn.exec_driver_sql(self.sql(conn.dialect), rows)
+
+    def run_in(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """``run`` inside a synchronous transaction (``SqlBase.write_in_one_trip``)."""
+        if rows:
+            conn.exec_driver_sql(self.sql(conn.dialect), rows)
 
 
 class BulkInsert(DriverStatement):

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Select,
     TextClause,
     Update,
@@ -150,6 +151,121 @@ def _turn(row: Any) -> tuple[int, float, str]:
     return (row.urgent_by, row.vtime, row.org_id)
 
 
+def _claim(
+    conn: Connection,
+    dialect: Dialect,
+    models: Sequence[str],
+    limit: int,
+    token: str,
+    lease_until: float,
+    now: float,
+) -> list[Claim]:
+    """A claim's transaction (``ClaimQueries.claim``)."""
+    claims: list[Claim] = []
+    served: Counter[tuple[str, str]] = Counter()
+    drained: Counter[tuple[str, str]] = Counter()
+    weights: dict[tuple[str, str], int] = {}
+    picked = sorted(
+        conn.execute(
+            _pick_statement(dialect),
+            {"models": list(models), "now": now, "k": LANES_PER_CLAIM, "lanes": _LANES_LOOKED_AT},
+        ).all(),
+        key=_turn,
+    )
+    shares = split_claim(
+        limit,
+        [
+            LaneTurn(
+                vtime=row.vtime,
+                weight=row.weight,
+                urgent=row.urgent_by < NOT_URGENT,
+                room=row.end_idx - row.first_idx,
+            )
+            for row in picked
+        ],
+    )
+    for row, share in zip(picked, shares, strict=True):
+        if not share:
+            continue
+        items = _lease_lines(conn, dialect, row, share, token, lease_until, now)
+        lane = (row.model, row.org_id)
+        served[lane] += len(items)
+        weights[lane] = row.weight
+        # Lines are leased in index order, so a chunk that gave all that was asked and
+        # not its last line holds more: it stays ready without a look.
+        exhausted = len(items) < share or items[-1].idx == row.end_idx - 1
+        if exhausted and _settle_chunk(conn, row, now):
+            drained[lane] += 1
+        if items:
+            batch = WorkBatch(
+                id=row.batch_id,
+                org_id=row.org_id,
+                model=row.model,
+                endpoint=row.endpoint,
+                input_file_id=row.input_file_id,
+                billing=Billing(row.billing),
+                expires_at=row.batch_expires_at,
+            )
+            claims.append(Claim(batch, row.chunk, items))
+    for lane in sorted(served):
+        conn.execute(
+            _LANE_SERVED,
+            {
+                "lane_model": lane[0],
+                "lane_org": lane[1],
+                "n_served": served[lane],
+                "d_vtime": served[lane] / weights[lane],
+                "n_drained": drained[lane],
+            },
+        )
+    return claims
+
+
+def _lease_lines(
+    conn: Connection,
+    dialect: Dialect,
+    chunk: Any,
+    limit: int,
+    token: str,
+    lease_until: float,
+    now: float,
+) -> list[ClaimedItem]:
+    rows = conn.execute(
+        lease_statement(dialect),
+        {
+            "batch": chunk.batch_id,
+            "first": chunk.first_idx,
+            "end": chunk.end_idx,
+            "now": now,
+            "limit": limit,
+            "token": token,
+            "until": lease_until,
+        },
+    ).all()
+    return sorted(
+        (
+            ClaimedItem(chunk.batch_id, r.idx, r.offset, r.length, r.custom_id, chunk.chunk)
+            for r in rows
+        ),
+        key=lambda c: c.idx,
+    )
+
+
+def _settle_chunk(conn: Connection, chunk: Any, now: float) -> bool:
+    """After a claim: the chunk stays ready while it holds claimable lines, waits for the
+    earliest backoff when all it holds wait, and is taken once it holds none; True then."""
+    where = {"batch": chunk.batch_id, "first": chunk.first_idx, "end": chunk.end_idx}
+    soonest = conn.execute(_SOONEST, where).scalar()
+    if soonest is not None and soonest <= now:
+        return False
+    key = {"batch": chunk.batch_id, "c_chunk": chunk.chunk}
+    if soonest is not None:
+        conn.execute(_CHUNK_WAITS, {**key, "soonest": soonest})
+        return False
+    conn.execute(_CHUNK_TAKEN, key)
+    return True
+
+
 class ClaimQueries(SqlBase):
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
@@ -159,73 +275,9 @@ class ClaimQueries(SqlBase):
         lanes first), lines in index order within each."""
         if not models or limit <= 0:
             return []
-        pick = _pick_statement(self.dialect)
-        claims: list[Claim] = []
-        served: Counter[tuple[str, str]] = Counter()
-        drained: Counter[tuple[str, str]] = Counter()
-        weights: dict[tuple[str, str], int] = {}
-        async with self.writing("claiming work") as conn:
-            picked = sorted(
-                (
-                    await conn.execute(
-                        pick,
-                        {
-                            "models": list(models),
-                            "now": now,
-                            "k": LANES_PER_CLAIM,
-                            "lanes": _LANES_LOOKED_AT,
-                        },
-                    )
-                ).all(),
-                key=_turn,
-            )
-            shares = split_claim(
-                limit,
-                [
-                    LaneTurn(
-                        vtime=row.vtime,
-                        weight=row.weight,
-                        urgent=row.urgent_by < NOT_URGENT,
-                        room=row.end_idx - row.first_idx,
-                    )
-                    for row in picked
-                ],
-            )
-            for row, share in zip(picked, shares, strict=True):
-                if not share:
-                    continue
-                items = await self._lease_lines(conn, row, share, token, lease_until, now)
-                lane = (row.model, row.org_id)
-                served[lane] += len(items)
-                weights[lane] = row.weight
-                # Lines are leased in index order, so a chunk that gave all that was asked and
-                # not its last line holds more: it stays ready without a look.
-                exhausted = len(items) < share or items[-1].idx == row.end_idx - 1
-                if exhausted and await self._settle_chunk(conn, row, now):
-                    drained[lane] += 1
-                if items:
-                    batch = WorkBatch(
-                        id=row.batch_id,
-                        org_id=row.org_id,
-                        model=row.model,
-                        endpoint=row.endpoint,
-                        input_file_id=row.input_file_id,
-                        billing=Billing(row.billing),
-                        expires_at=row.batch_expires_at,
-                    )
-                    claims.append(Claim(batch, row.chunk, items))
-            for lane in sorted(served):
-                await conn.execute(
-                    _LANE_SERVED,
-                    {
-                        "lane_model": lane[0],
-                        "lane_org": lane[1],
-                        "n_served": served[lane],
-                        "d_vtime": served[lane] / weights[lane],
-                        "n_drained": drained[lane],
-                    },
-                )
-        return claims
+        return await self.write_in_one_trip(
+            "claiming work", _claim, self.dialect, models, limit, token, lease_until, now
+        )
 
     async def ready_models(self, models: Sequence[str], now: float) -> set[str]:
         """Which of ``models`` have a lane a claim could take lines from at ``now`` (the
@@ -239,51 +291,6 @@ class ClaimQueries(SqlBase):
         async with self.engine.connect() as conn:
             rows = await conn.execute(query, {"models": list(models), "now": now})
             return {row.model for row in rows}
-
-    async def _lease_lines(
-        self,
-        conn: AsyncConnection,
-        chunk: Any,
-        limit: int,
-        token: str,
-        lease_until: float,
-        now: float,
-    ) -> list[ClaimedItem]:
-        rows = (
-            await conn.execute(
-                lease_statement(self.dialect),
-                {
-                    "batch": chunk.batch_id,
-                    "first": chunk.first_idx,
-                    "end": chunk.end_idx,
-                    "now": now,
-                    "limit": limit,
-                    "token": token,
-                    "until": lease_until,
-                },
-            )
-        ).all()
-        return sorted(
-            (
-                ClaimedItem(chunk.batch_id, r.idx, r.offset, r.length, r.custom_id, chunk.chunk)
-                for r in rows
-            ),
-            key=lambda c: c.idx,
-        )
-
-    async def _settle_chunk(self, conn: AsyncConnection, chunk: Any, now: float) -> bool:
-        """After a claim: the chunk stays ready while it holds claimable lines, waits for the
-        earliest backoff when all it holds wait, and is taken once it holds none; True then."""
-        where = {"batch": chunk.batch_id, "first": chunk.first_idx, "end": chunk.end_idx}
-        soonest = (await conn.execute(_SOONEST, where)).scalar()
-        if soonest is not None and soonest <= now:
-            return False
-        key = {"batch": chunk.batch_id, "c_chunk": chunk.chunk}
-        if soonest is not None:
-            await conn.execute(_CHUNK_WAITS, {**key, "soonest": soonest})
-            return False
-        await conn.execute(_CHUNK_TAKEN, key)
-        return True
 
     async def renew_leases(
         self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
@@ -429,19 +436,18 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
     )
 
 
-async def drop_chunks(conn: AsyncConnection, batch_id: str) -> None:
-    """A batch stops running: its chunks go, and their lanes lose the ready ones."""
+def drop_chunks(conn: Connection, batch_id: str) -> None:
+    """A batch stops running: its chunks go, and their lanes lose the ready ones. Synchronous
+    (a group commit's transaction runs it); an async caller uses ``conn.run_sync``."""
     c = t.chunks
     # RETURNING reports each row as deleted, after any claim that held it committed, so a
     # chunk a concurrent claim took is not counted twice.
-    rows = (
-        await conn.execute(
-            delete(c).where(c.c.batch_id == batch_id).returning(c.c.model, c.c.org_id, c.c.state)
-        )
+    rows = conn.execute(
+        delete(c).where(c.c.batch_id == batch_id).returning(c.c.model, c.c.org_id, c.c.state)
     ).all()
     ready = Counter((r.model, r.org_id) for r in rows if r.state == ChunkState.READY)
     for (model, org_id), n in sorted(ready.items()):
-        await conn.execute(
+        conn.execute(
             update(t.lanes)
             .where(t.lanes.c.model == model, t.lanes.c.org_id == org_id)
             .values(ready=t.lanes.c.ready - n)

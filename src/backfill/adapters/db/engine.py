@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Concatenate, ParamSpec, TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from backfill.adapters.db.dialect import POSTGRES, SQLITE
 from backfill.adapters.db.migrate import upgrade
+from backfill.adapters.db.sqlite_driver import OneTripConnection
 from backfill.errors import StorageError
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # PostgreSQL's class 53 "insufficient resources": disk_full, out_of_memory, too_many_connections.
 _PG_NO_ROOM = "53"
@@ -67,22 +73,55 @@ class SqlBase:
         connection, a busy database — becomes a retryable StorageError too: the worker's
         writes, where the runner must not need to know the driver's exceptions.
         """
-        try:
+        with _storage_errors(failing):
             async with self.engine.begin() as conn:
                 yield conn
-        except (DBAPIError, OSError) as exc:
-            if isinstance(exc, DBAPIError) and out_of_room(exc):
-                raise StorageError(
-                    "The database has no room left for this write; nothing was stored. Retry "
-                    "later, once an operator has freed space."
-                ) from exc
-            if failing is None:
-                raise
-            raise StorageError(
-                f"The database failed while {failing}: {exc.__class__.__name__}."
-            ) from exc
+
+    async def write_in_one_trip(
+        self,
+        failing: str,
+        body: Callable[Concatenate[Connection, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """``body(conn, *args, **kwargs)`` as one write transaction, failures as ``writing``'s.
+
+        ``body`` is synchronous: on SQLite it runs whole in the writer connection's thread,
+        one trip for every statement it makes (``OneTripConnection.transaction``); on
+        PostgreSQL it runs on the event loop, each statement awaited as usual. The worker's
+        hot writes take this form, where a trip per statement cost as much as the SQL."""
+
+        def call(conn: Connection) -> _T:
+            return body(conn, *args, **kwargs)
+
+        with _storage_errors(failing):
+            if not self.is_sqlite:
+                async with self.engine.begin() as conn:
+                    return await conn.run_sync(call)
+            async with self.engine.connect() as conn:
+                driver = (await conn.get_raw_connection()).driver_connection
+                assert isinstance(driver, OneTripConnection)
+                return await driver.transaction(call)
 
     async def close(self) -> None:
         if self._reader is not None:
             await self._reader.dispose()
         await self.engine.dispose()
+
+
+@contextmanager
+def _storage_errors(failing: str | None) -> Iterator[None]:
+    """A write's "disk full" as StorageError; with ``failing``, any driver failure too."""
+    try:
+        yield
+    except (DBAPIError, OSError) as exc:
+        if isinstance(exc, DBAPIError) and out_of_room(exc):
+            raise StorageError(
+                "The database has no room left for this write; nothing was stored. Retry "
+                "later, once an operator has freed space."
+            ) from exc
+        if failing is None:
+            raise
+        raise StorageError(
+            f"The database failed while {failing}: {exc.__class__.__name__}."
+        ) from exc

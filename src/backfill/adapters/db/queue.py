@@ -6,8 +6,18 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, delete, func, insert, literal_column, null, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import (
+    Connection,
+    Select,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    update,
+)
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.bulk import BulkInsert, DriverStatement
@@ -142,9 +152,7 @@ def _terms_of(row: Any) -> BatchTerms:
     )
 
 
-async def _apply(
-    conn: AsyncConnection, batch_id: str, settlement: Settlement, numbered: int
-) -> bool:
+def _apply(conn: Connection, batch_id: str, settlement: Settlement, numbered: int) -> bool:
     """Add a write's counts to its batch's row (locked since the write's first select), and
     move the batch to ``finalizing`` when they complete it. The org row is left to the
     caller, which updates each org once, in id order, after every batch. True when the write
@@ -156,7 +164,7 @@ async def _apply(
         return False
     b = t.batches
     row = (
-        await conn.execute(
+        conn.execute(
             COUNT_RESULTS,
             {
                 "batch": batch_id,
@@ -175,7 +183,7 @@ async def _apply(
         # The last result ends the run in the same transaction, so nobody has to scan
         # running batches for finished ones. A batch already cancelling is left as it is:
         # the cancel decides how it ends.
-        await conn.execute(
+        conn.execute(
             update(b)
             .where(b.c.id == batch_id, b.c.status == BatchStatus.IN_PROGRESS)
             .values(
@@ -184,105 +192,108 @@ async def _apply(
             )
         )
         # Nothing of it is claimable any more (every line is done): its chunks go.
-        await drop_chunks(conn, batch_id)
+        drop_chunks(conn, batch_id)
         return True
     return False
+
+
+def _store_results(conn: Connection, dialect: Dialect, results: Sequence[ItemResult]) -> Stored:
+    """A group commit's transaction (``QueueQueries.write_results``)."""
+    # Every group commit takes its row locks in one global order (batches by id, their
+    # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
+    # queue behind each other instead of deadlocking: a rolled-back group would cost the
+    # whole group's compute again.
+    batch_ids = sorted({r.batch_id for r in results})
+    rows = conn.execute(batch_terms(dialect), {"ids": batch_ids}).all()
+    terms = [_terms_of(row) for row in rows]
+    # The last number handed out per batch, read under the batch row's lock (SQLite:
+    # the one writer), so numbers commit in order and a reader never skips one.
+    last_seq = {row.id: row.results_seq for row in rows}
+    held = _held_leases(conn, dialect, results)
+    flags = []
+    for r in results:
+        key = (r.batch_id, r.idx, r.lease_token)
+        flags.append(key in held)
+        held.discard(key)  # a second result for the same item in one write loses
+    accepted = sorted(
+        (r for r, ok in zip(results, flags, strict=True) if ok),
+        key=lambda r: (r.batch_id, r.idx),
+    )
+    numbered: dict[str, int] = {}
+    seqs = []
+    # A batch's results of one write are stored together, after the last of them ended:
+    # they share its time, so a batch's times never go down along its numbers.
+    stored_at: dict[str, float] = {}
+    for r in accepted:
+        numbered[r.batch_id] = numbered.get(r.batch_id, 0) + 1
+        seqs.append(last_seq[r.batch_id] + numbered[r.batch_id])
+        stored_at[r.batch_id] = max(stored_at.get(r.batch_id, 0.0), r.finished_at)
+    if accepted:
+        # The leases were just checked (and locked on PostgreSQL) in this transaction,
+        # so one executemany stores them all.
+        _STORE_RESULTS.run_in(
+            conn,
+            [
+                (
+                    _OK if r.ok else _ERROR,
+                    r.payload,
+                    r.input_tokens,
+                    r.output_tokens,
+                    seq,
+                    stored_at[r.batch_id],
+                    r.batch_id,
+                    r.idx,
+                )
+                for r, seq in zip(accepted, seqs, strict=True)
+            ],
+        )
+    by_batch: dict[str, list[ItemResult]] = {}
+    for r in accepted:
+        by_batch.setdefault(r.batch_id, []).append(r)
+    settled = [(batch, settle(batch, by_batch.get(batch.id, ()))) for batch in terms]
+    _INSERT_RECEIPTS.run_in(conn, [receipt_row(r) for _, done in settled for r in done.receipts])
+    owed: dict[str, tuple[int, int]] = {}
+    finished: set[str] = set()
+    for batch, settlement in settled:
+        if _apply(conn, batch.id, settlement, numbered.get(batch.id, 0)):
+            finished.add(batch.id)
+        if settlement.charged:
+            charged, released = owed.get(batch.org_id, (0, 0))
+            owed[batch.org_id] = (
+                charged + settlement.charged,
+                released + settlement.released,
+            )
+    # One update per org, the hottest rows of all, taken last and held shortest.
+    for org_id in sorted(owed):
+        charged, released = owed[org_id]
+        conn.execute(_CHARGE_ORG, {"org": org_id, "d_charged": charged, "d_released": released})
+    return Stored(flags, frozenset(finished))
+
+
+def _held_leases(
+    conn: Connection, dialect: Dialect, results: Sequence[ItemResult]
+) -> set[tuple[str, int, str]]:
+    """Which of these results' items are still leased with the token they carry; on
+    PostgreSQL their rows are locked, batch by batch in id order and by idx within one."""
+    held: set[tuple[str, int, str]] = set()
+    by_batch: dict[str, set[int]] = {}
+    for r in results:
+        by_batch.setdefault(r.batch_id, set()).add(r.idx)
+    query = locked_leases(dialect)
+    for batch_id in sorted(by_batch):
+        params = {"batch": batch_id, "idxs": sorted(by_batch[batch_id])}
+        for row in conn.execute(query, params).all():
+            held.add((batch_id, row.idx, row.lease_token))
+    return held
 
 
 class QueueQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
 
     async def write_results(self, results: Sequence[ItemResult]) -> Stored:
-        # Every group commit takes its row locks in one global order (batches by id, their
-        # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
-        # queue behind each other instead of deadlocking: a rolled-back group would cost the
-        # whole group's compute again.
-        async with self.writing("storing results") as conn:
-            batch_ids = sorted({r.batch_id for r in results})
-            rows = (await conn.execute(batch_terms(self.dialect), {"ids": batch_ids})).all()
-            terms = [_terms_of(row) for row in rows]
-            # The last number handed out per batch, read under the batch row's lock (SQLite:
-            # the one writer), so numbers commit in order and a reader never skips one.
-            last_seq = {row.id: row.results_seq for row in rows}
-            held = await self._held_leases(conn, results)
-            flags = []
-            for r in results:
-                key = (r.batch_id, r.idx, r.lease_token)
-                flags.append(key in held)
-                held.discard(key)  # a second result for the same item in one write loses
-            accepted = sorted(
-                (r for r, ok in zip(results, flags, strict=True) if ok),
-                key=lambda r: (r.batch_id, r.idx),
-            )
-            numbered: dict[str, int] = {}
-            seqs = []
-            # A batch's results of one write are stored together, after the last of them ended:
-            # they share its time, so a batch's times never go down along its numbers.
-            stored_at: dict[str, float] = {}
-            for r in accepted:
-                numbered[r.batch_id] = numbered.get(r.batch_id, 0) + 1
-                seqs.append(last_seq[r.batch_id] + numbered[r.batch_id])
-                stored_at[r.batch_id] = max(stored_at.get(r.batch_id, 0.0), r.finished_at)
-            if accepted:
-                # The leases were just checked (and locked on PostgreSQL) in this transaction,
-                # so one executemany stores them all.
-                await _STORE_RESULTS.run(
-                    conn,
-                    [
-                        (
-                            _OK if r.ok else _ERROR,
-                            r.payload,
-                            r.input_tokens,
-                            r.output_tokens,
-                            seq,
-                            stored_at[r.batch_id],
-                            r.batch_id,
-                            r.idx,
-                        )
-                        for r, seq in zip(accepted, seqs, strict=True)
-                    ],
-                )
-            by_batch: dict[str, list[ItemResult]] = {}
-            for r in accepted:
-                by_batch.setdefault(r.batch_id, []).append(r)
-            settled = [(batch, settle(batch, by_batch.get(batch.id, ()))) for batch in terms]
-            await _INSERT_RECEIPTS.run(
-                conn, [receipt_row(r) for _, done in settled for r in done.receipts]
-            )
-            owed: dict[str, tuple[int, int]] = {}
-            finished: set[str] = set()
-            for batch, settlement in settled:
-                if await _apply(conn, batch.id, settlement, numbered.get(batch.id, 0)):
-                    finished.add(batch.id)
-                if settlement.charged:
-                    charged, released = owed.get(batch.org_id, (0, 0))
-                    owed[batch.org_id] = (
-                        charged + settlement.charged,
-                        released + settlement.released,
-                    )
-            # One update per org, the hottest rows of all, taken last and held shortest.
-            for org_id in sorted(owed):
-                charged, released = owed[org_id]
-                await conn.execute(
-                    _CHARGE_ORG, {"org": org_id, "d_charged": charged, "d_released": released}
-                )
-        return Stored(flags, frozenset(finished))
-
-    async def _held_leases(
-        self, conn: AsyncConnection, results: Sequence[ItemResult]
-    ) -> set[tuple[str, int, str]]:
-        """Which of these results' items are still leased with the token they carry; on
-        PostgreSQL their rows are locked, batch by batch in id order and by idx within one."""
-        held: set[tuple[str, int, str]] = set()
-        by_batch: dict[str, set[int]] = {}
-        for r in results:
-            by_batch.setdefault(r.batch_id, set()).add(r.idx)
-        query = locked_leases(self.dialect)
-        for batch_id in sorted(by_batch):
-            params = {"batch": batch_id, "idxs": sorted(by_batch[batch_id])}
-            for row in (await conn.execute(query, params)).all():
-                held.add((batch_id, row.idx, row.lease_token))
-        return held
+        return await self.write_in_one_trip(
+            "storing results", _store_results, self.dialect, results
+        )
 
     async def live_leases(self, batch_id: str, now: float) -> int:
         i = t.items
@@ -340,7 +351,7 @@ class QueueQueries(SqlBase):
                 )
             )
             closed = int(res.rowcount)
-            await drop_chunks(conn, batch_id)
+            await conn.run_sync(drop_chunks, batch_id)
             if closed:
                 await conn.execute(
                     update(t.batches)
@@ -382,7 +393,7 @@ class QueueQueries(SqlBase):
             if not res.rowcount:
                 return False
             await conn.execute(delete(t.items).where(t.items.c.batch_id == batch_id))
-            await drop_chunks(conn, batch_id)
+            await conn.run_sync(drop_chunks, batch_id)
             await release_reservation(conn, batch_id)
             await enqueue_terminal(conn, batch_id, now)
         return True
