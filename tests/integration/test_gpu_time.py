@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from sqlalchemy import select
 
-from backfill.adapters.clock import ManualClock
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
@@ -183,6 +183,26 @@ def test_each_deployment_is_metered_on_its_own() -> None:
     assert by_deployment["dep-one"].org_id == "org_a"
     assert by_deployment["dep-two"].gpu_ms == 2000
     assert by_deployment["dep-two"].org_id == "org_b"
+
+
+def test_the_meter_says_when_a_span_opens_and_while_it_has_time_to_charge() -> None:
+    clock = ManualClock(START)
+    meter = GpuMeter(clock)
+    opened: list[int] = []
+    meter.on_begin = lambda: opened.append(1)
+    d = deployment()
+    assert not meter.metering
+    meter.begin(d, "org_acme")
+    meter.begin(d, "org_acme")  # overlaps: the span is open already
+    assert len(opened) == 1 and meter.metering
+    clock.advance(1)
+    meter.end(d.id)
+    meter.end(d.id)
+    assert meter.metering  # closed, its time not charged yet
+    meter.take()
+    assert not meter.metering
+    meter.begin(d, "org_acme")
+    assert len(opened) == 2
 
 
 # ---- a Backfill with a catalog engine and a private one ------------------------------------
@@ -458,6 +478,26 @@ async def test_private_batch_is_billed_by_gpu_time_with_no_token_prices(tmp_path
         assert ledger.balance == ledger.credits - ledger.charges
         assert sorted(s.model for s in f.private_seen) == [DEPLOYMENT] * 3
         assert f.catalog_seen == []
+
+
+async def test_gpu_time_is_charged_by_the_worker_within_its_interval_after_an_idle_spell(
+    tmp_path: Path,
+) -> None:
+    # With nothing metered the charging loop sleeps ever longer (up to an hour); a request
+    # that starts brings it back to the interval, so its time is charged without a flush.
+    async with fleet(tmp_path, clock=SystemClock(), gpu_time_flush_s=0.1) as f:
+        await asyncio.sleep(4.0)  # the loop's sleeps have grown past three seconds
+        before = await f.ledger()
+        batch = await created(f.bf, [private_line("p", "slow [[sim:delay_ms=300]]")])
+        assert (await wait_terminal(f.bf, batch["id"]))["status"] == "completed"
+
+        async def charged() -> bool:
+            return bool(await f.gpu_receipts())
+
+        await until(charged, "the worker charges the GPU time", timeout_s=1.0)
+        receipts = await f.gpu_receipts()
+        assert sum(r.gpu_ms for r in receipts) >= 300
+        assert (await f.ledger()).charges - before.charges == sum(r.amount for r in receipts)
 
 
 async def test_overlapping_batches_are_charged_once_for_the_union_of_busy_time(

@@ -34,12 +34,21 @@ class GpuMeter:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._spans: dict[str, _Span] = {}
+        # Called when a span opens: the charging loop, which sleeps while nothing is metered,
+        # comes back to its interval.
+        self.on_begin: Callable[[], None] = lambda: None
+
+    @property
+    def metering(self) -> bool:
+        """Whether a span is open or time is left to charge."""
+        return any(span.in_flight or span.pending_ms for span in self._spans.values())
 
     def begin(self, deployment: CatalogModel, org_id: str) -> None:
         span = self._spans.get(deployment.id)
         if span is None:
             span = self._spans[deployment.id] = _Span(deployment, org_id)
         if span.in_flight == 0:
+            self.on_begin()
             now = self._clock.now()
             span.since_ms = _ms(now)
             if span.started_at is None:
@@ -104,6 +113,10 @@ class GpuCharger:
         self._meter = meter
         self._ledger = ledger
         self._on_exhausted = on_exhausted
+
+    @property
+    def metering(self) -> bool:
+        return self._meter.metering
 
     async def charge(self) -> None:
         charged = set()

@@ -56,6 +56,10 @@ from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
 from backfill.settings import Settings
 
+# The longest the GPU-time charging loop sleeps while no request of a private deployment runs
+# (a request that starts wakes it).
+_CHARGE_IDLE_S = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -169,6 +173,10 @@ class Worker:
             config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
         )
         meter = GpuMeter(clock)
+        # GPU time is charged every ``gpu_time_flush_s`` while requests of private deployments
+        # run; with none, the loop sleeps until one starts (an hour at most).
+        self._charge_pace = Pace(config.gpu_time_flush_s, _CHARGE_IDLE_S)
+        meter.on_begin = self._charge_pace.hurry
         self._requests = RequestRunner(
             attempts=Attempts(
                 RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_max_s),
@@ -252,7 +260,7 @@ class Worker:
         loops.every("leases", config.lease_s / 3, self.heartbeat)
         # The one writer of engine health: changes the watch marks, and a heartbeat.
         loops.repeat("engine-reports", lambda: self._reports.step(loops.stopping))
-        loops.every("gpu-charge", config.gpu_time_flush_s, self.charge_gpu_time)
+        loops.poll("gpu-charge", self._charge_pace, self._charge_step)
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self._notifier is not None:
             loops.poll("notify", self._notify_pace, self._notifier.step)
@@ -339,6 +347,10 @@ class Worker:
         assert self._planner is not None
         made = await self._planner.plan()
         return made is not None and not made.empty
+
+    async def _charge_step(self) -> bool:
+        await self.charge_gpu_time()
+        return self._charger.metering
 
     async def _lifecycle_step(self) -> bool:
         found = await self._lifecycle.once()
