@@ -194,7 +194,8 @@ def test_the_meter_says_when_a_span_opens_and_while_it_has_time_to_charge() -> N
     assert not meter.metering
     meter.begin(d, "org_acme")
     meter.begin(d, "org_acme")  # overlaps: the span is open already
-    assert len(opened) == 1 and meter.metering
+    assert len(opened) == 1
+    assert meter.metering
     clock.advance(1)
     meter.end(d.id)
     meter.end(d.id)

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -63,6 +63,23 @@ def _pages(chunks: Sequence[ChunkRef]) -> list[list[ChunkRef]]:
         pages[-1].append(chunk)
         lines += len(chunk.lines)
     return [page for page in pages if page]
+
+
+# A lifecycle pass's reads, built once: every idle worker makes them every few seconds.
+_WAITING_ON_DECISION = select(t.batches).where(
+    t.batches.c.status.in_([BatchStatus.VALIDATING, BatchStatus.CANCELLING, BatchStatus.FINALIZING])
+)
+_PAST_DEADLINE = select(t.batches).where(
+    t.batches.c.status == BatchStatus.IN_PROGRESS, t.batches.c.expires_at <= bindparam("now")
+)
+
+
+def _lifecycle_rows(conn: Connection, now: float) -> list[Any]:
+    """``BatchQueries.lifecycle_batches``'s reads, in one trip on SQLite."""
+    return [
+        *conn.execute(_WAITING_ON_DECISION).all(),
+        *conn.execute(_PAST_DEADLINE, {"now": now}).all(),
+    ]
 
 
 # The batches whose lines are still to run: a cancelling batch runs nothing more.
@@ -300,19 +317,7 @@ class BatchQueries(SqlBase):
         """The batches a lifecycle pass acts on: validating, cancelling or finalizing ones, and
         in-progress ones past their deadline. Running batches are not read: a claim finds
         their work, and the result that finishes one moves it to ``finalizing``."""
-        b = t.batches
-        waiting = [BatchStatus.VALIDATING, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
-        async with self.engine.connect() as conn:
-            rows = [
-                *(await conn.execute(select(b).where(b.c.status.in_(waiting)))).all(),
-                *(
-                    await conn.execute(
-                        select(b).where(
-                            b.c.status == BatchStatus.IN_PROGRESS, b.c.expires_at <= now
-                        )
-                    )
-                ).all(),
-            ]
+        rows = await self.in_one_trip("reading batches to act on", _lifecycle_rows, now)
         return sorted((batch_of(r) for r in rows), key=lambda batch: batch.expires_at)
 
     async def finish_drained(self, now: int) -> int:

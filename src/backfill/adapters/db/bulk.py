@@ -44,7 +44,7 @@ class DriverStatement:
             await conn.exec_driver_sql(self.sql(conn.dialect), rows)
 
     def run_in(self, conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-        """``run`` inside a synchronous transaction (``SqlBase.write_in_one_trip``)."""
+        """``run`` inside a synchronous transaction (``SqlBase.in_one_trip``)."""
         if rows:
             conn.exec_driver_sql(self.sql(conn.dialect), rows)
 

@@ -266,6 +266,51 @@ def _settle_chunk(conn: Connection, chunk: Any, now: float) -> bool:
     return True
 
 
+def _release(
+    conn: Connection,
+    dialect: Dialect,
+    batch_id: str,
+    idx: int,
+    token: str,
+    not_before: float | None,
+) -> None:
+    """A request's line goes back to the queue (``ClaimQueries.release``)."""
+    i = t.items
+    chunk = conn.execute(
+        update(i)
+        .where(
+            i.c.batch_id == batch_id,
+            i.c.idx == idx,
+            i.c.lease_token == token,
+            i.c.state == ItemState.LEASED,
+        )
+        .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
+        .returning(i.c.chunk)
+    ).scalar()
+    if chunk is not None:
+        _reopen(conn, dialect, {(batch_id, chunk): not_before})
+
+
+def _requeue_expired(conn: Connection, dialect: Dialect, now: float) -> int:
+    """``ClaimQueries.requeue_expired``'s transaction."""
+    i = t.items
+    expired = sorted(conn.execute(expired_leases(now)).all(), key=lambda r: (r.batch_id, r.idx))
+    if not expired:
+        return 0
+    moved = conn.execute(
+        update(i)
+        .where(
+            tuple_(i.c.batch_id, i.c.idx).in_([(r.batch_id, r.idx) for r in expired]),
+            i.c.state == ItemState.LEASED,
+            i.c.lease_until < now,
+        )
+        .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
+        .returning(i.c.idx)
+    ).all()
+    _reopen(conn, dialect, {(r.batch_id, r.chunk): None for r in expired if r.chunk is not None})
+    return len(moved)
+
+
 class ClaimQueries(SqlBase):
     async def claim(
         self, models: Sequence[str], limit: int, token: str, lease_until: float, now: float
@@ -275,7 +320,7 @@ class ClaimQueries(SqlBase):
         lanes first), lines in index order within each."""
         if not models or limit <= 0:
             return []
-        return await self.write_in_one_trip(
+        return await self.in_one_trip(
             "claiming work", _claim, self.dialect, models, limit, token, lease_until, now
         )
 
@@ -314,50 +359,17 @@ class ClaimQueries(SqlBase):
     async def release(
         self, batch_id: str, idx: int, token: str, not_before: float | None = None
     ) -> None:
-        i = t.items
-        async with self.writing("releasing a request") as conn:
-            chunk = (
-                await conn.execute(
-                    update(i)
-                    .where(
-                        i.c.batch_id == batch_id,
-                        i.c.idx == idx,
-                        i.c.lease_token == token,
-                        i.c.state == ItemState.LEASED,
-                    )
-                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=not_before)
-                    .returning(i.c.chunk)
-                )
-            ).scalar()
-            if chunk is not None:
-                await _reopen(conn, self.dialect, {(batch_id, chunk): not_before})
+        await self.in_one_trip(
+            "releasing a request", _release, self.dialect, batch_id, idx, token, not_before
+        )
 
     async def requeue_expired(self, now: float) -> int:
         """Put lines whose lease ran out back in the queue (their worker died or stalled).
-        Reads only leased lines (a partial index), never the batch's history."""
-        i = t.items
-        async with self.writing("requeueing expired leases") as conn:
-            expired = sorted(
-                (await conn.execute(expired_leases(now))).all(),
-                key=lambda r: (r.batch_id, r.idx),
-            )
-            if not expired:
-                return 0
-            moved = (
-                await conn.execute(
-                    update(i)
-                    .where(
-                        tuple_(i.c.batch_id, i.c.idx).in_([(r.batch_id, r.idx) for r in expired]),
-                        i.c.state == ItemState.LEASED,
-                        i.c.lease_until < now,
-                    )
-                    .values(state=ItemState.QUEUED, lease_token=None, lease_until=None)
-                    .returning(i.c.idx)
-                )
-            ).all()
-            chunks = {(r.batch_id, r.chunk): None for r in expired if r.chunk is not None}
-            await _reopen(conn, self.dialect, chunks)
-        return len(moved)
+        Reads only leased lines (a partial index), never the batch's history. One trip on
+        SQLite: every idle worker's lifecycle pass makes it."""
+        return await self.in_one_trip(
+            "requeueing expired leases", _requeue_expired, self.dialect, now
+        )
 
     async def release_all_leases(self) -> None:
         """At the start of a worker alone on its database: every lease is its own, from before."""
@@ -454,8 +466,8 @@ def drop_chunks(conn: Connection, batch_id: str) -> None:
         )
 
 
-async def _reopen(
-    conn: AsyncConnection, dialect: Dialect, chunks: Mapping[tuple[str, int], float | None]
+def _reopen(
+    conn: Connection, dialect: Dialect, chunks: Mapping[tuple[str, int], float | None]
 ) -> None:
     """Lines of these chunks went back to the queue (with a not-before time, or None): a taken
     chunk is ready again, and its lane counts it."""
@@ -464,20 +476,18 @@ async def _reopen(
     for (batch_id, chunk), not_before in sorted(chunks.items()):
         key = (c.c.batch_id == batch_id) & (c.c.chunk == chunk)
         query = select(c.c.state, c.c.not_before, c.c.model, c.c.org_id).where(key)
-        row = (await conn.execute(dialect.for_update(query))).first()
+        row = conn.execute(dialect.for_update(query)).first()
         if row is None:
             continue  # the batch stopped running: its chunks are gone
         if row.state == ChunkState.TAKEN:
-            await conn.execute(
-                update(c).where(key).values(state=ChunkState.READY, not_before=not_before)
-            )
+            conn.execute(update(c).where(key).values(state=ChunkState.READY, not_before=not_before))
             reopened[(row.model, row.org_id)] += 1
         elif row.not_before is not None:
             # Ready already: the chunk may be picked from the sooner of the two times.
             soonest = None if not_before is None else min(row.not_before, not_before)
-            await conn.execute(update(c).where(key).values(not_before=soonest))
+            conn.execute(update(c).where(key).values(not_before=soonest))
     for (model, org_id), n in sorted(reopened.items()):
-        await conn.execute(
+        conn.execute(
             update(t.lanes)
             .where(t.lanes.c.model == model, t.lanes.c.org_id == org_id)
             .values(ready=t.lanes.c.ready + n)

@@ -77,19 +77,21 @@ class SqlBase:
             async with self.engine.begin() as conn:
                 yield conn
 
-    async def write_in_one_trip(
+    async def in_one_trip(
         self,
         failing: str,
         body: Callable[Concatenate[Connection, _P], _T],
         *args: _P.args,
         **kwargs: _P.kwargs,
     ) -> _T:
-        """``body(conn, *args, **kwargs)`` as one write transaction, failures as ``writing``'s.
+        """``body(conn, *args, **kwargs)`` as one transaction on the writer, failures as
+        ``writing``'s (a ``body`` that only reads commits nothing).
 
         ``body`` is synchronous: on SQLite it runs whole in the writer connection's thread,
         one trip for every statement it makes (``OneTripConnection.transaction``); on
         PostgreSQL it runs on the event loop, each statement awaited as usual. The worker's
-        hot writes take this form, where a trip per statement cost as much as the SQL."""
+        hot transactions (claims, group commits) and an idle worker's polls take this form,
+        where a trip per statement cost as much as the SQL."""
 
         def call(conn: Connection) -> _T:
             return body(conn, *args, **kwargs)

@@ -3,7 +3,10 @@ urgency and shares, model rates, batch estimates), and the dispatch shares /metr
 
 from __future__ import annotations
 
-from sqlalchemy import and_, bindparam, not_, or_, select, update
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, and_, bindparam, not_, or_, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
@@ -17,45 +20,48 @@ from backfill.domain.planning import (
 )
 from backfill.domain.records import DispatchShare
 
+_ln, _o, _b = t.lanes, t.orgs, t.batches
+# The planner's reads, built once. A lane counts as having work only when a claim could take
+# it: a GPU-time lane of an org without credit waits, and its model is not busy for that.
+_LANES = select(
+    _ln.c.model,
+    _ln.c.org_id,
+    _ln.c.served,
+    _ln.c.served_mark,
+    and_(_ln.c.ready > 0, or_(not_(_ln.c.metered), _o.c.balance > 0)).label("ready"),
+    _ln.c.urgent_by,
+    _ln.c.share,
+    _ln.c.vtime,
+).join_from(_ln, _o, _o.c.id == _ln.c.org_id)
+_RATES = select(t.model_rates)
+_RUNNING = (
+    select(
+        _b.c.id,
+        _b.c.model,
+        _b.c.org_id,
+        _o.c.weight,
+        (_b.c.total - _b.c.completed - _b.c.failed).label("remaining"),
+        _b.c.created_at,
+        _b.c.expires_at,
+        _b.c.estimated_completion_at,
+    )
+    .join_from(_b, _o, _o.c.id == _b.c.org_id)
+    .where(_b.c.status == BatchStatus.IN_PROGRESS)
+)
+
+
+def _inputs(conn: Connection) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+    return (
+        conn.execute(_LANES).all(),
+        conn.execute(_RATES).all(),
+        conn.execute(_RUNNING).all(),
+    )
+
 
 class PlanningQueries(SqlBase):
     async def plan_inputs(self) -> PlanInputs:
-        ln, o, b, r = t.lanes, t.orgs, t.batches, t.model_rates
-        # A lane counts as having work only when a claim could take it: a GPU-time lane of an
-        # org without credit waits, and its model is not busy for that.
-        claimable = and_(ln.c.ready > 0, or_(not_(ln.c.metered), o.c.balance > 0))
-        async with self.engine.connect() as conn:
-            lanes = (
-                await conn.execute(
-                    select(
-                        ln.c.model,
-                        ln.c.org_id,
-                        ln.c.served,
-                        ln.c.served_mark,
-                        claimable.label("ready"),
-                        ln.c.urgent_by,
-                        ln.c.share,
-                        ln.c.vtime,
-                    ).join_from(ln, o, o.c.id == ln.c.org_id)
-                )
-            ).all()
-            rates = (await conn.execute(select(r))).all()
-            running = (
-                await conn.execute(
-                    select(
-                        b.c.id,
-                        b.c.model,
-                        b.c.org_id,
-                        o.c.weight,
-                        (b.c.total - b.c.completed - b.c.failed).label("remaining"),
-                        b.c.created_at,
-                        b.c.expires_at,
-                        b.c.estimated_completion_at,
-                    )
-                    .join_from(b, o, o.c.id == b.c.org_id)
-                    .where(b.c.status == BatchStatus.IN_PROGRESS)
-                )
-            ).all()
+        # One trip on SQLite: every worker's planner reads these every few seconds, busy or not.
+        lanes, rates, running = await self.in_one_trip("reading the planner's inputs", _inputs)
         return PlanInputs(
             lanes=[
                 LaneLoad(

@@ -291,9 +291,7 @@ class QueueQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
 
     async def write_results(self, results: Sequence[ItemResult]) -> Stored:
-        return await self.write_in_one_trip(
-            "storing results", _store_results, self.dialect, results
-        )
+        return await self.in_one_trip("storing results", _store_results, self.dialect, results)
 
     async def live_leases(self, batch_id: str, now: float) -> int:
         i = t.items
