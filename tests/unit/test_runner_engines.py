@@ -368,3 +368,30 @@ async def test_a_flapping_engine_is_not_a_warning_at_every_check(
         "wait in the queue until it answers (it also went down and came back 299 times since "
         "the previous warning)"
     )
+
+
+class CountedEngine(SwitchableEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def healthy(self) -> bool:
+        self.asked += 1
+        return self.up
+
+
+async def test_an_engine_that_just_answered_a_request_is_up_without_being_asked() -> None:
+    engine = CountedEngine()
+    slot = EngineSlot(engine, Recorder().start, lambda: None)
+    await slot.check_unless_answered()
+    assert engine.asked == 1
+    assert slot.healthy
+    slot.succeeded(0.1, 1)
+    engine.up = False  # its answer stands for the watch's interval, whatever /health says
+    await slot.check_unless_answered()
+    assert engine.asked == 1
+    assert slot.healthy
+    assert slot.health.checked_at is not None
+    await slot.check()  # a failed request still asks at once
+    assert engine.asked == 2
+    assert not slot.healthy

@@ -35,6 +35,9 @@ Start = Callable[["EngineSlot", Queued], None]
 
 # A shared engine whose metrics cannot be read is looked at again this much later.
 _PROBE_RETRY_S = 5.0
+# How often each engine's health is looked at while all are up (while one is down: more often).
+_WATCH_S = 5.0
+_WATCH_DOWN_S = 0.5
 # The fewest claimed items an engine's backlog holds, and the fewest a claim takes.
 MIN_PREFETCH = 2
 # An engine started on demand stops after this long without a request: idle, its process
@@ -111,6 +114,8 @@ class EngineSlot:
         self._wake = wake
         self._in_flight = 0
         self._healthy = False
+        # When (monotonic) the engine last answered one of Backfill's requests with a 200.
+        self._answered_at = -_WATCH_S
         self._backlog: deque[Queued] = deque()
         self._resume: asyncio.TimerHandle | None = None
 
@@ -184,7 +189,8 @@ class EngineSlot:
 
     def succeeded(self, latency_s: float, output_tokens: int) -> None:
         """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
-        if self.governor.on_latency(latency_s, output_tokens, time.monotonic()):
+        now = self._answered_at = time.monotonic()
+        if self.governor.on_latency(latency_s, output_tokens, now):
             self._retune()
 
     def overloaded(self, retry_after_s: float | None) -> None:
@@ -233,6 +239,15 @@ class EngineSlot:
             (dropped if where(queued.batch) else keep).append(queued)
         self._backlog = keep
         return dropped
+
+    async def check_unless_answered(self) -> None:
+        """The watch's look: an engine that answered a request within the watch's interval is
+        up without being asked (a health request a second beside real ones would only cost
+        CPU an engine on the same cores needs); any other is asked."""
+        if not self.parked and time.monotonic() - self._answered_at < _WATCH_S:
+            self._observe(EngineState.UP)
+        else:
+            await self.check()
 
     async def check(self) -> bool:
         """Ask the engine whether it is up; one that comes back takes its backlog at once."""
@@ -347,11 +362,11 @@ class EnginePool:
         while True:
             self._recheck.clear()
             for slot in self.slots:
-                await slot.check()
+                await slot.check_unless_answered()
             # A parked engine is down on purpose: the others are not watched closer for it.
             healthy = all(s.healthy or s.parked for s in self.slots)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._recheck.wait(), 5.0 if healthy else 0.5)
+                await asyncio.wait_for(self._recheck.wait(), _WATCH_S if healthy else _WATCH_DOWN_S)
 
     async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
         """Follow a shared engine's load from its metrics, as often as the settings say
