@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -435,3 +436,16 @@ def test_refused_pipelined_head_does_not_break_into_the_answer_before_it(
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert answer.endswith(b'{"status":"ok"}'), answer[-300:]
     assert answer.count(b"HTTP/1.1") == 1
+
+
+def test_the_date_header_is_current_after_the_server_sat_idle(edge_server: ServerProcess) -> None:
+    # The server has no timer for it: each request makes the header of its own second.
+    with httpx.Client(base_url=edge_server.base_url) as client:
+        for pause_s in (0.0, 2.5):
+            time.sleep(pause_s)
+            before = int(time.time())
+            answer = client.get("/healthz")
+            after = time.time()
+            sent = parsedate_to_datetime(answer.headers["date"]).timestamp()
+            assert before <= sent <= after, (answer.headers["date"], before, after)
+            assert len(answer.headers.get_list("date")) == 1

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import time
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, ClassVar, cast
 
 import uvicorn
@@ -57,6 +59,21 @@ def _refusal(status: int, message: str, code: str, *, retryable: bool = False) -
         + "connection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+class _Date:
+    """The ``Date`` header's value for the current second, made once per second that sees a
+    request."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second, cls.value = second, formatdate(second, usegmt=True).encode()
+        return cls.value
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -123,6 +140,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._ending:
             return
+        self._date_header()
         between = self._reading_head
         if between and self._head_since is None:
             # Bytes while no request is in progress end the keep-alive wait (uvicorn cancels
@@ -140,6 +158,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes:
                 self._refuse_next(self._head_too_large())
+
+    def _date_header(self) -> None:
+        """Keep the ``Date`` of uvicorn's default headers current. uvicorn refreshes it from a
+        timer once a second, which would wake an idle server every second (a wake-up is CPU
+        taken from an engine on the same cores); here a read that may begin a response does
+        it, and the server's loop has no timer (``backfill.cli.main``)."""
+        if not self.config.date_header:
+            return
+        date = _Date.now()
+        state = self.server_state
+        headers = state.default_headers
+        if not headers or headers[0][1] is not date:
+            state.default_headers = [(b"date", date), *self.config.encoded_headers]
 
     # ---- parser callbacks ------------------------------------------------------------------
 
