@@ -3,6 +3,8 @@ aiosqlite adapter does: rows, counts, errors, transactions."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from backfill.adapters.db.dialect import SQLITE
+from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.sqlite_driver import OneTripConnection
 
 
@@ -163,3 +166,31 @@ async def test_closing_a_connection_is_clean(tmp_path: Path) -> None:
         assert isinstance(driver, OneTripConnection)
     await driver.close()  # the call that closes it answers, not the check after it
     await engine.dispose()
+
+
+async def test_a_transaction_cut_short_by_its_caller_gives_its_connection_back(
+    tmp_path: Path,
+) -> None:
+    """The writer is one pooled connection: a caller cancelled while its transaction runs in
+    the thread must not keep it from the next one."""
+    base = SqlBase(f"sqlite:///{tmp_path}/w.db")
+    await base.in_one_trip("creating", lambda c: c.execute(text("CREATE TABLE t (v TEXT)")))
+
+    def slow(conn: Connection) -> None:
+        conn.execute(text("INSERT INTO t (v) VALUES ('finished in its thread')"))
+        time.sleep(0.3)
+
+    cut = asyncio.create_task(base.in_one_trip("inserting", slow))
+    await asyncio.sleep(0.1)
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+
+    def read(conn: Connection) -> list[str]:
+        return [row.v for row in conn.execute(text("SELECT v FROM t"))]
+
+    # The thread finished the transaction (committed); the connection is back in the pool.
+    assert await asyncio.wait_for(base.in_one_trip("reading", read), 5) == [
+        "finished in its thread"
+    ]
+    await base.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, insert, literal, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
@@ -64,21 +64,36 @@ async def _secrets_of(conn: AsyncConnection, org_id: str) -> SealedSecrets:
     return SealedSecrets(row[0], row[1], row[2])
 
 
+# An idle sender's poll, built once.
+_ANY_DUE = (
+    select(t.notifications.c.id)
+    .where(
+        t.notifications.c.state == DeliveryState.PENDING,
+        t.notifications.c.next_at <= bindparam("now"),
+    )
+    .limit(1)
+)
+
+
+def _any_due(conn: Connection, now: float) -> bool:
+    return conn.execute(_ANY_DUE, {"now": now}).first() is not None
+
+
 class NotificationQueries(SqlBase):
     async def claim_notifications(
         self, now: float, token: str, until: float, limit: int
     ) -> list[Notification]:
         n = t.notifications
+        # Every sender polls: a read answers "nothing due" without taking the write lock (one
+        # trip on SQLite).
+        if not await self.in_one_trip("looking for due notifications", _any_due, now):
+            return []
         due = (
             select(n.c.id)
             .where(n.c.state == DeliveryState.PENDING, n.c.next_at <= now)
             .order_by(n.c.next_at)
             .limit(limit)
         )
-        # Every sender polls: a read answers "nothing due" without taking the write lock.
-        async with self.engine.connect() as conn:
-            if not (await conn.execute(due)).first():
-                return []
         async with self.writing("leasing notifications") as conn:
             if not self.is_sqlite:
                 # Senders on other processes skip the rows one has locked instead of queueing.
