@@ -266,6 +266,26 @@ def _settle_chunk(conn: Connection, chunk: Any, now: float) -> bool:
     return True
 
 
+def _renew(
+    conn: Connection, token: str, lease_until: float, held: Mapping[str, Collection[int]]
+) -> None:
+    """``ClaimQueries.renew_leases``'s transaction: the heartbeat of a worker's leases."""
+    i = t.items
+    for batch_id, idxs in sorted(held.items()):
+        ordered = sorted(idxs)
+        for start in range(0, len(ordered), _RENEW_CHUNK):
+            conn.execute(
+                update(i)
+                .where(
+                    i.c.batch_id == batch_id,
+                    i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
+                    i.c.lease_token == token,
+                    i.c.state == ItemState.LEASED,
+                )
+                .values(lease_until=lease_until)
+            )
+
+
 def _release(
     conn: Connection,
     dialect: Dialect,
@@ -340,21 +360,7 @@ class ClaimQueries(SqlBase):
     async def renew_leases(
         self, token: str, lease_until: float, held: Mapping[str, Collection[int]]
     ) -> None:
-        i = t.items
-        async with self.writing("renewing leases") as conn:
-            for batch_id, idxs in sorted(held.items()):
-                ordered = sorted(idxs)
-                for start in range(0, len(ordered), _RENEW_CHUNK):
-                    await conn.execute(
-                        update(i)
-                        .where(
-                            i.c.batch_id == batch_id,
-                            i.c.idx.in_(ordered[start : start + _RENEW_CHUNK]),
-                            i.c.lease_token == token,
-                            i.c.state == ItemState.LEASED,
-                        )
-                        .values(lease_until=lease_until)
-                    )
+        await self.in_one_trip("renewing leases", _renew, token, lease_until, held)
 
     async def release(
         self, batch_id: str, idx: int, token: str, not_before: float | None = None

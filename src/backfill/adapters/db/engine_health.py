@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select, true
+from sqlalchemy import Connection, delete, func, select, true
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.lifecycle import BatchStatus
@@ -60,16 +61,23 @@ def _report(row: Any) -> EngineReport:
     )
 
 
+def _store_reports(
+    conn: Connection, dialect: Dialect, reports: Sequence[EngineReport], now: float
+) -> None:
+    h = t.engine_health
+    for report in reports:
+        values = _values(report)
+        replace = [name for name in values if name not in _KEY]
+        conn.execute(dialect.upsert(h, values, [h.c.worker, h.c.engine], replace, true()))
+    conn.execute(delete(h).where(h.c.until < now - FORGET_AFTER_S))
+
+
 class EngineHealthQueries(SqlBase):
     async def report_engines(self, reports: Sequence[EngineReport], now: float) -> None:
-        h = t.engine_health
-        async with self.writing("reporting engine health") as conn:
-            for report in reports:
-                values = _values(report)
-                replace = [name for name in values if name not in _KEY]
-                key = [h.c.worker, h.c.engine]
-                await conn.execute(self.dialect.upsert(h, values, key, replace, true()))
-            await conn.execute(delete(h).where(h.c.until < now - FORGET_AFTER_S))
+        # One trip on SQLite: every worker reports every few seconds, busy or not.
+        await self.in_one_trip(
+            "reporting engine health", _store_reports, self.dialect, reports, now
+        )
 
     async def engine_reports(self, now: float) -> list[EngineReport]:
         h = t.engine_health
