@@ -90,7 +90,7 @@ class SqlBase:
         ``writing``'s (a ``body`` that only reads commits nothing).
 
         ``body`` is synchronous: on SQLite it runs whole in the writer connection's thread,
-        one trip for every statement it makes (``OneTripConnection.transaction``); on
+        one trip for all of its statements (``OneTripConnection.transaction``); on
         PostgreSQL it runs on the event loop, each statement awaited as usual. The worker's
         hot transactions (claims, group commits) and an idle worker's polls take this form,
         where a trip per statement cost as much as the SQL."""
