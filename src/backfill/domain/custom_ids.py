@@ -10,10 +10,13 @@ without touching a string; two equal hashes (a duplicate, or a collision of abou
 for a million ids) are settled by comparing the id with the stored ones.
 
 The hash is Python's own ``hash`` of the string: SipHash with a key drawn per process, so a file
-cannot be crafted to make the probes collide. The table is an ``array`` (its items are read
-faster than a ``memoryview``'s) that grows by eight (fewer rehashes of a big file) before a
-page of lines could fill it past half: the hot loop in ``input_format`` probes it inline, so
-it must never grow under that loop.
+cannot be crafted to make the probes collide. The table is an ``array`` that grows by eight
+(fewer rehashes of a big file) before a page of lines could fill it past half, so a page's ids
+go in without it growing.
+
+A page's ids go in together (``add_ids``): in C where ``_speedups`` was built, which takes the
+hashes a few ids ahead and prefetches their slots (a big table misses the cache on almost every
+probe); the same probes in Python otherwise.
 """
 
 from __future__ import annotations
@@ -26,10 +29,43 @@ _MIN_SLOTS = 1 << 12
 _GROWTH = 8
 
 
+def add_ids_py(table: array[int], ids: list[str], start: int) -> int:
+    """Store ``hash(id) or 1`` of each of ``ids[start:]`` at the first free slot (0) from
+    ``hash & mask``, until one is already in the table; return that id's index, not stored, or
+    ``len(ids)`` when all were stored. ``_speedups.add_ids`` does the same in C."""
+    mask = len(table) - 1
+    for i in range(max(start, 0), len(ids)):
+        h = hash(ids[i]) or 1
+        slot = h & mask
+        while stored := table[slot]:
+            if stored == h:
+                return i
+            slot = (slot + 1) & mask
+        table[slot] = h
+    return len(ids)
+
+
+def rehash_py(old: array[int], new: array[int]) -> None:
+    """Store every hash of ``old`` in the empty ``new``, as ``_speedups.rehash`` does."""
+    mask = len(new) - 1
+    for h in filter(None, old):  # the used slots, skipped to in C
+        slot = h & mask
+        while new[slot]:
+            slot = (slot + 1) & mask
+        new[slot] = h
+
+
+try:
+    from backfill.domain._speedups import add_ids, rehash
+except ImportError:  # not compiled where Backfill was installed: the same probes in Python
+    add_ids, rehash = add_ids_py, rehash_py
+
+COMPILED = add_ids is not add_ids_py
+
+
 class CustomIds:
-    """The ids of one file so far. ``table`` and ``mask`` are read by the validator's hot loop,
-    which stores ``hash(id) or 1`` (never 0, the empty slot's value) at the first free slot from
-    ``h & mask``, exactly as ``add`` does."""
+    """The ids of one file so far. Add a page's ids with ``add_ids`` after ``reserve``;
+    ``add`` checks one id exactly."""
 
     def __init__(self, limit: int) -> None:
         # A file holds at most ``limit`` ids: the table never grows past twice that.
@@ -37,44 +73,55 @@ class CustomIds:
         self._reserved = 0
         self._pages: list[tuple[str, array[int]]] = []
         self.table = _table(_MIN_SLOTS)
-        self.mask = _MIN_SLOTS - 1
 
     def reserve(self, lines: int) -> None:
         """Make room for up to ``lines`` more ids at most half full; call before a page of
         lines, whose ids may then go in without growing the table."""
         self._reserved += lines
-        slots = self.mask + 1
+        slots = len(self.table)
         if 2 * self._reserved <= slots or slots >= self._largest:
             return
         while 2 * self._reserved > slots and slots < self._largest:
             slots *= _GROWTH
-        slots = min(slots, self._largest)
-        old = self.table
-        self.table = table = _table(slots)
-        self.mask = mask = slots - 1
-        for h in filter(None, old):  # the used slots, skipped to in C
-            slot = h & mask
-            while table[slot]:
-                slot = (slot + 1) & mask
-            table[slot] = h
+        old, self.table = self.table, _table(min(slots, self._largest))
+        rehash(old, self.table)
+
+    def add_page(self, ids: list[str], start: int) -> int:
+        """Put ``ids[start:]`` in, in order, until one equals an id before it (in the file or
+        in ``ids``); return that one's index, not put in, or ``len(ids)``. Two ids alike only
+        in hash (about one in 10^8 for a million ids) go in."""
+        while (i := add_ids(self.table, ids, start)) < len(ids):
+            if self._earlier(ids[i], ids[:i]):
+                return i
+            self._insert_alike(ids[i])
+            start = i + 1
+        return i
 
     def add(self, cid: str, pending: list[str]) -> bool:
         """Put ``cid`` in; False if an earlier id equals it. ``pending`` holds the ids of the
         page being checked, which ``keep`` has not stored yet."""
-        h = hash(cid) or 1
-        table, mask = self.table, self.mask
-        slot = h & mask
-        while stored := table[slot]:
-            if stored == h and self._earlier(cid, pending):
-                return False
-            slot = (slot + 1) & mask
-        table[slot] = h
+        if add_ids(self.table, [cid], 0) == 1:
+            return True
+        if self._earlier(cid, pending):
+            return False
+        self._insert_alike(cid)
         return True
 
     def keep(self, ids: list[str]) -> None:
         """Store a checked page's ids, in order, for the exact comparisons."""
         if ids:
             self._pages.append(("".join(ids), array("Q", accumulate(map(len, ids)))))
+
+    def _insert_alike(self, cid: str) -> None:
+        """Store the hash of an id whose equal hash is stored already (a different id): the
+        exact comparisons find either by the hash."""
+        table = self.table
+        mask = len(table) - 1
+        h = hash(cid) or 1
+        slot = h & mask
+        while table[slot]:
+            slot = (slot + 1) & mask
+        table[slot] = h
 
     def _earlier(self, cid: str, pending: list[str]) -> bool:
         if cid in pending:

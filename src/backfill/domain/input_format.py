@@ -31,13 +31,14 @@ from backfill.domain.media import (
     check_audio,
     check_image_url,
 )
-from backfill.domain.strict_lines import Role, StrictChatLine, strict_chat_decoder
+from backfill.domain.strict_lines import Role, StrictChatLine, chat_run, strict_chat_decoder
 
 __all__ = ["CHAT_URL", "COMPLETIONS_URL", "ENDPOINTS"]
 
 ROLES = frozenset(get_args(Role))
 MAX_CUSTOM_ID_BYTES = 128
-MAX_SECTION_ID_BYTES = 128
+# The fast path (``chat_run``) checks a section by the custom_id's limit: keep them equal.
+MAX_SECTION_ID_BYTES = MAX_CUSTOM_ID_BYTES
 MAX_EMBEDDING_INPUTS = 2048
 ENCODING_FORMATS = frozenset({"float", "base64"})
 _UNSET = msgspec.UNSET
@@ -227,9 +228,9 @@ class LineValidator:
         the first of them among the file's requests when that is not its line number (a
         sectioned file's lines also hold sections).
 
-        The common case (a valid line like the ones before it) takes one decode and a few
-        comparisons inside this one loop; anything unusual goes through the detailed checks,
-        which name the rule that was broken.
+        The common case (a valid chat line like the ones before it) takes one decode and a few
+        comparisons in ``chat_run``, a run of lines at a time; anything unusual goes through
+        the detailed checks, which name the rule that was broken.
         """
         counted = (first_line_no if first_request is None else first_request) - 1
         room = self._limits.max_lines - counted
@@ -247,15 +248,15 @@ class LineValidator:
         decode = _DECODER.decode
         known = self._ids
         known.reserve(len(lines))
-        # The table of id hashes, probed inline as ``CustomIds.add`` does; it cannot grow
-        # under this loop (reserved above).
-        table, mask = known.table, known.mask
         roles = ROLES
         ids: list[str] = []
         append = ids.append
+        # ``ids[:settled]`` are in the table of ids. The fast path's go in together, before
+        # the next line that takes the detailed checks and at the end: a duplicate among them
+        # is still the first error of the page.
+        settled = 0
         prompt_bound = 0
         max_output = 0
-        line_no = first_line_no - 1
         # What the lines so far agreed on, as locals: the slow path refreshes them.
         model, model_name, endpoint, chat, fast = (
             self._model,
@@ -267,39 +268,28 @@ class LineValidator:
         max_tokens = model.max_output_tokens if model else 0
         context = model.context_length if model else 0
         strict = self._strict
-        for raw in lines:
-            line_no += 1
+        i = 0
+        while i < len(lines):
             if strict is not None:
-                try:
-                    line = strict(raw)
-                except _DECODE_ERRORS:
+                # The common chat lines, as many in a row as there are, in one call.
+                stop, bound, output, missed = chat_run(
+                    lines, i, strict, _DECODE_ERRORS, context, MAX_CUSTOM_ID_BYTES, ids
+                )
+                prompt_bound += bound
+                max_output += output
+                if stop == len(lines):
+                    break
+                i = stop
+                if missed:
                     # Not the common shape (or not valid): the full decode and checks below.
                     self._strict_misses += 1
                     if self._strict_misses > _STRICT_MISSES:
                         strict = self._strict = None
-                else:
-                    cid = line.custom_id
-                    strict_body = line.body
-                    # Either limit is absent or above 0 here: ``or`` picks as the rule does.
-                    limit = strict_body.max_completion_tokens or strict_body.max_tokens
-                    if not (
-                        limit is None
-                        or (len(cid) > 32 and len(cid.encode()) > MAX_CUSTOM_ID_BYTES)
-                        or (line.section is not None and not _section_ok(line.section))
-                    ):
-                        h = hash(cid) or 1
-                        slot = h & mask
-                        while (stored := table[slot]) and stored != h:
-                            slot = (slot + 1) & mask
-                        if not stored:
-                            table[slot] = h
-                            bound = len(raw) + 8 * (len(strict_body.messages) + 1)
-                            prompt_bound += bound if bound < context else context
-                            max_output += limit
-                            append(cid)
-                            continue
-                        # An equal hash (a duplicate, or rarely two ids alike in hash): the
-                        # full checks compare the strings.
+            if settled < len(ids):
+                self._settle(ids, settled, first_line_no)
+            raw = lines[i]
+            line_no = first_line_no + i
+            i += 1
             try:
                 req = decode(raw)
             except _DECODE_ERRORS as exc:
@@ -341,17 +331,25 @@ class LineValidator:
                             break
                 else:
                     self._check_messages(messages, model, line_no)
-            # An upper bound on prompt tokens without a tokenizer: a token of text covers at
-            # least one byte of the line, and a chat template adds a few tokens per message.
+            # The bound of ``chat_run``; a completions line counts as one message.
             bound = len(raw) + 8 * (len(messages) + 1 if messages else 2)
             prompt_bound += bound if bound < context else context
             max_output += limit or 0
             append(cid)
+            settled = len(ids)
+        if settled < len(ids):
+            self._settle(ids, settled, first_line_no)
         known.keep(ids)
         self.lines = counted + len(lines)
         self._prompt_bound += prompt_bound
         self._max_output += max_output
         return ids
+
+    def _settle(self, ids: list[str], start: int, first_line_no: int) -> None:
+        """Put ``ids[start:]`` in the table of ids; ``ids[k]`` is line ``first_line_no + k``'s."""
+        i = self._ids.add_page(ids, start)
+        if i < len(ids):
+            raise _duplicate(ids[i], first_line_no + i)
 
     def _strict_decoder(self) -> Callable[[bytes], StrictChatLine] | None:
         model, name = self._model, self._model_name
@@ -379,13 +377,7 @@ class LineValidator:
                 param="custom_id",
             )
         if not self._ids.add(cid, pending):
-            raise LineError(
-                "duplicate_custom_id",
-                f"Line {line_no}: custom_id {cid!r} is used by an earlier line; each line needs "
-                "its own.",
-                line=line_no,
-                param="custom_id",
-            )
+            raise _duplicate(cid, line_no)
         if req.section is not None and not _section_ok(req.section):
             raise LineError(
                 "invalid_value",
@@ -674,6 +666,15 @@ class LineValidator:
             prompt_token_bound=self._prompt_bound,
             max_output_tokens=self._max_output,
         )
+
+
+def _duplicate(cid: str, line_no: int) -> LineError:
+    return LineError(
+        "duplicate_custom_id",
+        f"Line {line_no}: custom_id {cid!r} is used by an earlier line; each line needs its own.",
+        line=line_no,
+        param="custom_id",
+    )
 
 
 def _section_ok(section: str) -> bool:

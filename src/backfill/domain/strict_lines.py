@@ -100,3 +100,60 @@ def strict_chat_decoder(
         },
     )
     return cast(Callable[[bytes], StrictChatLine], msgspec.json.Decoder(strict_line).decode)
+
+
+def _short_enough(text: str, max_bytes: int) -> bool:
+    """Non-empty and within ``max_bytes`` of UTF-8, where its length tells; a longer text
+    that is not ASCII is left to the detailed checks (they encode it)."""
+    size = len(text)
+    return size > 0 and (4 * size <= max_bytes or (size <= max_bytes and text.isascii()))
+
+
+def chat_run_py(
+    lines: list[bytes],
+    start: int,
+    decode: Callable[[bytes], StrictChatLine],
+    errors: tuple[type[Exception], ...],
+    context: int,
+    max_id_bytes: int,
+    ids: list[str],
+) -> tuple[int, int, int, bool]:
+    """Accept ``lines[start:]`` while each is the common chat line: ``decode`` (a
+    ``strict_chat_decoder``) takes it, it has an output limit, and its ``custom_id`` and
+    ``section`` are 1 to ``max_id_bytes`` bytes of UTF-8 (``_short_enough``). Each accepted
+    line's ``custom_id`` is appended to ``ids``. Returns the first line not accepted
+    (``len(lines)`` when all were), the accepted lines' prompt-token bounds and output limits
+    summed, and whether ``decode`` refused that line with one of ``errors``.
+    ``_speedups.chat_run`` does the same in C."""
+    prompt_bound = max_output = 0
+    append = ids.append
+    for i in range(max(start, 0), len(lines)):
+        raw = lines[i]
+        try:
+            line = decode(raw)
+        except errors:
+            return i, prompt_bound, max_output, True
+        cid = line.custom_id
+        body = line.body
+        # Either limit is absent or above 0 here: ``or`` picks as the rule does.
+        limit = body.max_completion_tokens or body.max_tokens
+        section = line.section
+        if (
+            limit is None
+            or not _short_enough(cid, max_id_bytes)
+            or (section is not None and not _short_enough(section, max_id_bytes))
+        ):
+            return i, prompt_bound, max_output, False
+        # An upper bound on prompt tokens without a tokenizer: a token of text covers at least
+        # one byte of the line, and a chat template adds a few tokens per message.
+        bound = len(raw) + 8 * (len(body.messages) + 1)
+        prompt_bound += bound if bound < context else context
+        max_output += limit
+        append(cid)
+    return len(lines), prompt_bound, max_output, False
+
+
+try:
+    from backfill.domain._speedups import chat_run as chat_run
+except ImportError:  # not compiled where Backfill was installed: the same loop in Python
+    chat_run = chat_run_py
