@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
 # scripts/build_venv.py runs the same pip commands in numbered steps, with the build's progress
 # and a log at $(VENV)/build.log (its tail is printed if a step fails).
-$(STAMP): pyproject.toml setup.py Makefile
+$(STAMP): pyproject.toml Makefile
 	@python3 scripts/build_venv.py --venv $(VENV) --cmake-args="$(LLAMA_CMAKE_ARGS)"
 	@touch $(STAMP) $(SPEEDUPS)
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml setup.py Makefile
 SPEEDUPS := $(VENV)/.speedups
 SPEEDUPS_C := src/backfill/domain/_speedups.c
 
-$(SPEEDUPS): $(STAMP) $(SPEEDUPS_C)
+$(SPEEDUPS): $(STAMP) $(SPEEDUPS_C) setup.py
 	@echo "Compiling $(SPEEDUPS_C)…"
 	@$(PIP) install -q --no-deps -e .
 	@touch $(SPEEDUPS)

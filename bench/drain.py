@@ -1,7 +1,8 @@
 """End-to-end drain throughput vs a bare asyncio client against the same engine (SPEC §12).
 
     PYTHONPATH=. python -m bench.drain        # simulator: 20,000 requests, concurrency 128
-    PYTHONPATH=. python -m bench.drain --engine llama --requests 64 --concurrency 2 --max-tokens 32
+    PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32 \
+        --rounds 6                      # the real engine, six A-B-B-A rounds
     PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 \
         --max-tokens 32 --mode both     # the engine dedicated, then shared (no live traffic)
     PYTHONPATH=. python -m bench.drain --pg postgresql://postgres@127.0.0.1:5432/test
@@ -10,7 +11,10 @@
 The baseline sends every request straight to the engine with an aiohttp client holding
 ``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
 the same ``max_concurrency``; its time runs from batch creation (file already uploaded) to
-``completed``. CPU seconds of the Backfill process are read from /proc over the same span.
+``completed`` (polled every 20 ms once its last requests are in flight). CPU seconds of the
+Backfill process are read from /proc over the same span. With ``--rounds N`` the bare client
+and Backfill run N times each, in A-B-B-A order, and each round's ratio is printed beside the
+means: on a machine whose speed drifts between runs, each run is compared with its neighbour.
 With ``--mode shared`` the engine is configured ``shared`` (docs/scheduling.md): with no live
 traffic on it, it should drain as fast as a dedicated one; ``--mode both`` runs the two,
 ``--rounds`` times each in A-B-B-A order (so a drift of the machine over the run falls on both
@@ -95,9 +99,10 @@ def run_backfill(
     total: int,
     poll_s: float,
     server_cpu: Callable[[], float] = lambda: 0.0,
+    near_end: int | None = None,
 ) -> tuple[float, float, float]:
     """(seconds, CPU seconds of the Backfill process, of ``server_cpu``) from batch creation
-    to its end."""
+    to its end; polled every ``poll_s``, and every 20 ms once ``near_end`` requests ended."""
     process, base, key = start_backfill(config, data, log)
     try:
         client = httpx.Client(
@@ -106,7 +111,7 @@ def run_backfill(
         file_id = upload(client, source)
         cpu_before, server_before = cpu_seconds(process.pid), server_cpu()
         start = time.perf_counter()
-        batch = wait_batch(client, create_batch(client, file_id), poll_s)
+        batch = wait_batch(client, create_batch(client, file_id), poll_s, near_end=near_end)
         elapsed = time.perf_counter() - start
         cpu = cpu_seconds(process.pid) - cpu_before
         server = server_cpu() - server_before
@@ -227,7 +232,10 @@ def main() -> None:
         return
     modes = ["dedicated", "shared"] if args.mode == "both" else [args.mode]
     rounds = args.rounds or (2 if args.mode == "both" else 1)
-    order = [m for r in range(rounds) for m in (modes if r % 2 == 0 else modes[::-1])]
+    # The bare client runs in every round too, in A-B-B-A order with Backfill's modes: on a
+    # machine whose speed drifts by 10% between runs, each is compared with its neighbours.
+    sides = ["bare", *modes]
+    order = [m for r in range(rounds) for m in (sides if r % 2 == 0 else sides[::-1])]
     if args.engine == "sim":
         engine, url = start_simulator("--ttft-ms", "50", "--itl-ms", "1", "--output-tokens", "64")
         model = MODEL
@@ -245,9 +253,12 @@ def main() -> None:
             ]
             source = work / "input.jsonl"
             source.write_bytes(b"".join(lines))
-            base_s, base_cpu = asyncio.run(baseline(url, lines, args.concurrency))
-            measured: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+            measured: dict[str, list[tuple[float, float, float]]] = {m: [] for m in sides}
             for n, mode in enumerate(order):
+                if mode == "bare":
+                    took, cpu = asyncio.run(baseline(url, lines, args.concurrency))
+                    measured["bare"].append((took, cpu, 0.0))
+                    continue
                 config = sim_config(
                     work / f"{mode}.toml", url, args.concurrency, engine=f'mode = "{mode}"'
                 )
@@ -261,11 +272,13 @@ def main() -> None:
                         work / f"server-{n}.log",
                         source,
                         args.requests,
-                        # Four polls a second: the end is seen within 0.25 s (about 1% of a
-                        # run), and the polls are not what is measured. At twenty a second
-                        # they were 7% of the process's Python time; the bare client makes
-                        # none. On a CPU-bound local engine, every poll is CPU it misses.
+                        # Four polls a second: at twenty a second they were 7% of the
+                        # process's Python time, and the bare client makes none; on a
+                        # CPU-bound local engine, every poll is CPU it misses. Once the last
+                        # requests are in flight, every 20 ms: the bare client knows its end
+                        # at once, and a quarter of a second is 2% of a run on llama.cpp.
                         poll_s=0.25,
+                        near_end=max(args.requests - args.concurrency, 0),
                     )
                 )
     finally:
@@ -275,6 +288,8 @@ def main() -> None:
         f"engine: {args.engine}, {n} requests, concurrency {args.concurrency}, "
         f"max_tokens {args.max_tokens}" + (f", {rounds} rounds (means)" if rounds > 1 else "")
     )
+    bare = measured.pop("bare")
+    base_s, base_cpu = mean(r[0] for r in bare), mean(r[1] for r in bare)
     print(f"bare asyncio client : {base_s:7.2f} s  {n / base_s:8.1f} req/s  1.00x")
     print(
         f"bare client CPU     : {base_cpu:7.2f} s  {base_cpu / n * 1000:.3f} s per 1,000 requests"
@@ -287,6 +302,11 @@ def main() -> None:
             f"{base_s / backfill_s:.2f}x"
         )
         print(f"{'  its CPU':<20}: {cpu:7.2f} s  {cpu / n * 1000:.3f} s per 1,000 requests")
+        if rounds > 1:
+            each = ", ".join(
+                f"{b[0] / r[0]:.2f}x" for b, r in zip(bare, measured[mode], strict=True)
+            )
+            print(f"{'  each round':<20}: {each} (against that round's bare client)")
     if len(runs) == 2:
         ratio = runs["dedicated"][0] / runs["shared"][0]
         print(f"shared / dedicated  : {ratio:.2f}x the drain rate (target >= 0.95x)")

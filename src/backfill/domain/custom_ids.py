@@ -64,7 +64,7 @@ COMPILED = add_ids is not add_ids_py
 
 
 class CustomIds:
-    """The ids of one file so far. Add a page's ids with ``add_ids`` after ``reserve``;
+    """The ids of one file so far. Add a page's ids with ``add_page`` after ``reserve``;
     ``add`` checks one id exactly."""
 
     def __init__(self, limit: int) -> None:
