@@ -1,8 +1,8 @@
 """End-to-end drain throughput vs a bare asyncio client against the same engine (SPEC §12).
 
     PYTHONPATH=. python -m bench.drain        # simulator: 20,000 requests, concurrency 128
-    PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 --max-tokens 32 \
-        --rounds 6                      # the real engine, six A-B-B-A rounds
+    PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 \
+        --max-tokens 32 --rounds 6      # the real engine, six A-B-B-A rounds
     PYTHONPATH=. python -m bench.drain --engine llama --requests 48 --concurrency 2 \
         --max-tokens 32 --mode both     # the engine dedicated, then shared (no live traffic)
     PYTHONPATH=. python -m bench.drain --pg postgresql://postgres@127.0.0.1:5432/test
