@@ -18,10 +18,10 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # and a log at $(VENV)/build.log (its tail is printed if a step fails).
 $(STAMP): pyproject.toml Makefile
 	@python3 scripts/build_venv.py --venv $(VENV) --cmake-args="$(LLAMA_CMAKE_ARGS)"
-	@touch $(STAMP) $(SPEEDUPS)
+	@touch $(STAMP)
 
-# The C module of the upload's hot loop, compiled in place by the editable install above, and
-# again whenever its source changes.
+# The C module of the upload's hot loop: the editable install compiles it in place; this
+# compiles it again (in seconds) whenever its source changes, or the virtualenv was rebuilt.
 SPEEDUPS := $(VENV)/.speedups
 SPEEDUPS_C := src/backfill/domain/_speedups.c
 
