@@ -225,15 +225,21 @@ def wait_batch(
     batch: dict[str, Any],
     poll_s: float = 0.1,
     *,
-    near_end: int | None = None,
-    near_end_poll_s: float = 0.02,
+    fine_poll_s: float | None = None,
 ) -> dict[str, Any]:
-    """Poll ``batch`` until it ends; the ended batch. Once ``near_end`` of its requests have
-    ended, every ``near_end_poll_s``: its end is then seen within that, for a few more polls."""
+    """Poll ``batch`` until it ends; the ended batch. With ``fine_poll_s``: every
+    ``fine_poll_s`` once the batch's rate so far puts its end within one and a half polls, so
+    the end is seen within ``fine_poll_s`` for a few more polls."""
+    start = time.perf_counter()
     while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+        wait = poll_s
         counts = batch["request_counts"]
         ended = counts["completed"] + counts["failed"]
-        time.sleep(near_end_poll_s if near_end is not None and ended >= near_end else poll_s)
+        if fine_poll_s is not None and ended:
+            left_s = (counts["total"] - ended) * (time.perf_counter() - start) / ended
+            if left_s <= 1.5 * poll_s:
+                wait = fine_poll_s
+        time.sleep(wait)
         batch = client.get(f"/v1/batches/{batch['id']}").json()
     return batch
 

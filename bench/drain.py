@@ -11,7 +11,7 @@
 The baseline sends every request straight to the engine with an aiohttp client holding
 ``concurrency`` requests in flight. Backfill runs as ``backfill up`` with the same engine at
 the same ``max_concurrency``; its time runs from batch creation (file already uploaded) to
-``completed`` (polled every 50 ms once its last requests are in flight). CPU seconds of the
+``completed`` (polled every 50 ms once its end is near). CPU seconds of the
 Backfill process are read from /proc over the same span. With ``--rounds N`` the bare client
 and Backfill run N times each, in A-B-B-A order, and each round's ratio is printed beside the
 means: on a machine whose speed drifts between runs, each run is compared with its neighbour.
@@ -99,10 +99,10 @@ def run_backfill(
     total: int,
     poll_s: float,
     server_cpu: Callable[[], float] = lambda: 0.0,
-    near_end: int | None = None,
+    fine_poll_s: float | None = None,
 ) -> tuple[float, float, float]:
     """(seconds, CPU seconds of the Backfill process, of ``server_cpu``) from batch creation
-    to its end; polled every ``poll_s``, and every 50 ms once ``near_end`` requests ended."""
+    to its end, polled every ``poll_s`` (and ``fine_poll_s`` near its end: ``wait_batch``)."""
     process, base, key = start_backfill(config, data, log)
     try:
         client = httpx.Client(
@@ -111,9 +111,7 @@ def run_backfill(
         file_id = upload(client, source)
         cpu_before, server_before = cpu_seconds(process.pid), server_cpu()
         start = time.perf_counter()
-        batch = wait_batch(
-            client, create_batch(client, file_id), poll_s, near_end=near_end, near_end_poll_s=0.05
-        )
+        batch = wait_batch(client, create_batch(client, file_id), poll_s, fine_poll_s=fine_poll_s)
         elapsed = time.perf_counter() - start
         cpu = cpu_seconds(process.pid) - cpu_before
         server = server_cpu() - server_before
@@ -274,14 +272,13 @@ def main() -> None:
                         work / f"server-{n}.log",
                         source,
                         args.requests,
-                        # A poll a second until the last requests are in flight, then one
-                        # every 50 ms. The bare client makes no polls and knows its end at
-                        # once; polls at twenty a second were 7% of the process's Python time
-                        # (on a CPU-bound local engine, every poll is CPU the model misses),
-                        # and four a second still saw the end up to 0.25 s late, 2% of a run
-                        # on llama.cpp.
+                        # A poll a second until the batch's end is near, then one every 50
+                        # ms. The bare client makes no polls and knows its end at once; a
+                        # poll costs the server about 2 ms of CPU (on a CPU-bound local
+                        # engine, CPU the model misses), and four a second still saw the
+                        # end up to 0.25 s late, 2% of a run on llama.cpp.
                         poll_s=1.0,
-                        near_end=max(args.requests - args.concurrency, 0),
+                        fine_poll_s=0.05,
                     )
                 )
     finally:

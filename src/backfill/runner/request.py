@@ -84,6 +84,11 @@ class RequestRunner:
         return {batch_id: set(tasks.values()) for batch_id, tasks in self._running.items()}
 
     @property
+    def running(self) -> int:
+        """How many requests run now (those storing their result included)."""
+        return sum(map(len, self._running.values()))
+
+    @property
     def tasks(self) -> list[asyncio.Task[None]]:
         return [task for tasks in self._running.values() for task in tasks]
 

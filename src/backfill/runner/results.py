@@ -23,8 +23,11 @@ class ResultWriter:
         flush_s: float,
         metrics: Metrics,
         on_finished: Callable[[frozenset[str]], None] = lambda _batch_ids: None,
+        running: Callable[[], int] | None = None,
     ) -> None:
         self._store = store
+        # How many requests run now, those waiting in ``put`` included (None: not known).
+        self._running = running
         # Told the batches a write finished, so their finalize starts at once.
         self._on_finished = on_finished
         # Labelled children resolved once: this runs for every stored result.
@@ -51,8 +54,13 @@ class ResultWriter:
     async def _run(self) -> None:
         while not self._stopping:
             await self._wakeup.wait()
-            # A short pause lets results that finish together share one commit.
-            await asyncio.sleep(self._flush_s)
+            if self._stopping:
+                break  # stop() writes what is pending
+            # A short pause lets results that finish together share one commit. When every
+            # request that runs waits on this commit (a batch's last, or an engine's only one),
+            # none would join it: it goes at once.
+            if self._running is None or self._running() > len(self._pending):
+                await asyncio.sleep(self._flush_s)
             self._wakeup.clear()
             await self.flush()
 

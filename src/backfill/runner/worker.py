@@ -168,6 +168,7 @@ class Worker:
             config.result_flush_s,
             self._metrics,
             on_finished=lambda _batch_ids: self._lifecycle_pace.wake(),
+            running=lambda: self._requests.running,
         )
         self._failures = WorkerFailures(
             config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
