@@ -248,7 +248,7 @@ class Settings(BaseSettings):
     poll_interval_s: float = 0.05
     # How long a finished result waits for others to share its commit. Each commit costs the
     # same whatever it holds; at 0.02 s a drain at 1,000 requests a second spent about a sixth
-    # more CPU than at 0.05 s (docs/performance.md).
+    # more CPU than at 0.05 s (docs/performance.md). No pause when no other request runs.
     result_flush_s: float = 0.05
     # A batch still validating this long after creation is started by a worker (its creating
     # process died or gave up); see runner/validating.py.
