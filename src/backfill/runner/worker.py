@@ -59,6 +59,8 @@ from backfill.settings import Settings
 # The longest the GPU-time charging loop sleeps while no request of a private deployment runs
 # (a request that starts wakes it).
 _CHARGE_IDLE_S = 3600.0
+# How long a stop waits for the loops, and then the finalizes, to end before cancelling them.
+_STOP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,16 +277,15 @@ class Worker:
         # leave SQLite locked for the next process on the same data directory.
         self._loops.stop()
         self._pool.wake()
-        busy = [*self._loops.tasks, *self._lifecycle.tasks]
-        _, late = await asyncio.wait(busy, timeout=10) if busy else (set(), set())
-        for task in late:
-            task.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STOP_GRACE_S
+        await _end(self._loops.tasks, _STOP_GRACE_S)
+        # Only now: a lifecycle pass under way as the stop began may have started a finalize
+        # or a take-over as it ended, and one left running would outlive the store.
+        await _end(self._lifecycle.tasks, max(0.0, deadline - loop.time()))
         # The backlogs go first: a cancelled request frees its slot, which must start nothing.
         self._dispatcher.drop_all()
-        running = self._requests.tasks
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*busy, *running, return_exceptions=True)
+        await _end(self._requests.tasks, 0.0)
         await self._leases.settle()
         await self._results.stop()
         await self.charge_gpu_time()
@@ -362,3 +363,15 @@ class Worker:
         # Batches are moved on as their last result is stored; this catches any that were not.
         await self._store.finish_drained(int(self._clock.now()))
         await self._janitor.sweep()
+
+
+async def _end(tasks: Sequence[asyncio.Task[None]], grace_s: float) -> None:
+    """Wait up to ``grace_s`` for ``tasks`` to end, then cancel those still running and wait
+    for them too."""
+    if not tasks:
+        return
+    if grace_s > 0:
+        await asyncio.wait(tasks, timeout=grace_s)
+    for task in tasks:
+        task.cancel()  # nothing for one that ended
+    await asyncio.gather(*tasks, return_exceptions=True)
