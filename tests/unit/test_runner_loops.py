@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backfill.runner.loops import Loops
+from backfill.runner.loops import Loops, end_within
 
 
 async def test_loops_are_named_tasks_that_end_when_stopped() -> None:
@@ -39,3 +39,14 @@ async def test_a_step_that_fails_is_run_again() -> None:
     loops.repeat("flaky", flaky)
     await asyncio.wait_for(asyncio.gather(*loops.tasks), 30)
     assert calls == 2
+
+
+async def test_end_within_cancels_and_returns_only_the_tasks_still_running_at_the_grace() -> None:
+    quick = asyncio.create_task(asyncio.sleep(0.01))
+    slow = asyncio.create_task(asyncio.sleep(30))
+    cut = await end_within([quick, slow], 0.2)
+    assert cut == {slow}
+    assert slow.cancelled()
+    assert quick.done()
+    assert not quick.cancelled()
+    assert await end_within([], 1.0) == set()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
 
 log = logging.getLogger("backfill.runner")
 
 Job = Callable[[], Awaitable[object]]
 Poll = Callable[[], Awaitable[bool]]
+_T = TypeVar("_T")
 
 
 class Pace:
@@ -135,3 +137,17 @@ class Loops:
             except Exception:
                 log.exception("worker %s loop failed; restarting it", name)
                 await self.pause(1.0)
+
+
+async def end_within(tasks: Collection[asyncio.Task[_T]], grace_s: float) -> set[asyncio.Task[_T]]:
+    """Wait up to ``grace_s`` for ``tasks`` to end, then cancel those still running and wait
+    for them too; those cut short are returned."""
+    if not tasks:
+        return set()
+    if grace_s > 0:
+        await asyncio.wait(tasks, timeout=grace_s)
+    late = {task for task in tasks if not task.done()}
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return late

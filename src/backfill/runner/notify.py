@@ -35,6 +35,7 @@ from backfill.ports import (
     Sealer,
     WebhookSender,
 )
+from backfill.runner.loops import end_within
 
 log = logging.getLogger("backfill.notify")
 
@@ -107,11 +108,9 @@ class Notifier:
         """Let the attempts under way finish for a moment; give back those that do not, as
         not made, so a restart sends them at once without spending an attempt."""
         if self._sending:
-            _, late = await asyncio.wait(list(self._sending), timeout=STOP_GRACE_S)
-            cut = [self._sending[task] for task in late if task in self._sending]
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            # A copy: each attempt leaves ``_sending`` as it ends, cut short or not.
+            sending = dict(self._sending)
+            cut = [sending[task] for task in await end_within(sending, STOP_GRACE_S)]
             now = self._clock.now()
             for message, token in cut:
                 try:

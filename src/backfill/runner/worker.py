@@ -46,7 +46,7 @@ from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from backfill.runner.leases import Leases
 from backfill.runner.lifecycle import Lifecycle
-from backfill.runner.loops import Loops, Pace
+from backfill.runner.loops import Loops, Pace, end_within
 from backfill.runner.notify import Notifier
 from backfill.runner.request import RequestRunner
 from backfill.runner.results import ResultWriter
@@ -279,13 +279,13 @@ class Worker:
         self._pool.wake()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _STOP_GRACE_S
-        await _end(self._loops.tasks, _STOP_GRACE_S)
+        await end_within(self._loops.tasks, _STOP_GRACE_S)
         # Only now: a lifecycle pass under way as the stop began may have started a finalize
         # or a take-over as it ended, and one left running would outlive the store.
-        await _end(self._lifecycle.tasks, max(0.0, deadline - loop.time()))
+        await end_within(self._lifecycle.tasks, max(0.0, deadline - loop.time()))
         # The backlogs go first: a cancelled request frees its slot, which must start nothing.
         self._dispatcher.drop_all()
-        await _end(self._requests.tasks, 0.0)
+        await end_within(self._requests.tasks, 0.0)
         await self._leases.settle()
         await self._results.stop()
         await self.charge_gpu_time()
@@ -363,15 +363,3 @@ class Worker:
         # Batches are moved on as their last result is stored; this catches any that were not.
         await self._store.finish_drained(int(self._clock.now()))
         await self._janitor.sweep()
-
-
-async def _end(tasks: Sequence[asyncio.Task[None]], grace_s: float) -> None:
-    """Wait up to ``grace_s`` for ``tasks`` to end, then cancel those still running and wait
-    for them too."""
-    if not tasks:
-        return
-    if grace_s > 0:
-        await asyncio.wait(tasks, timeout=grace_s)
-    for task in tasks:
-        task.cancel()  # nothing for one that ended
-    await asyncio.gather(*tasks, return_exceptions=True)
