@@ -414,6 +414,17 @@ def start_server_process(
     return ServerProcess(data_dir, config, port, match.group(0), log, process)
 
 
+def serve_role(
+    config: Path, role: str, log: Path, port: int | None = None
+) -> subprocess.Popen[bytes]:
+    """``backfill serve --role ROLE`` as a real process, its output appended to ``log``."""
+    args = [sys.executable, "-m", "backfill.cli", "serve", "--role", role, "--config", str(config)]
+    if port is not None:
+        args += ["--port", str(port)]
+    with log.open("ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()

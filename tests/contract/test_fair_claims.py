@@ -99,6 +99,37 @@ async def test_a_lane_that_reopens_starts_level_and_then_shares_by_weight(
     assert abs(served[small.id] / (served[small.id] + served[big.id]) - 0.75) < 0.02, served
 
 
+@pytest.mark.parametrize("weight", [1, 3])
+async def test_a_returning_lane_is_not_owed_its_own_history(store: SqlStore, weight: int) -> None:
+    """An org that ran 2,000 lines, went idle, and comes back while another org (new to the
+    model, so starting from nothing) drains: it moves in step by weight at once, not after
+    the other has claimed what it once had (the 2026-12-05 review, M1)."""
+    back, busy = await weighted_org(store, weight), await weighted_org(store, 1)
+    history = await make_batch(store, back, 2000, model="shared")
+    assert len(await take(store, history, 2000, "t", NOW + LEASE, NOW)) == 2000
+    await make_batch(store, busy, 3000, model="shared")
+    assert (await served_by_org(store, "shared", 5, 20))[busy.id] == 100
+    await make_batch(store, back, 400, model="shared")
+    served = await served_by_org(store, "shared", 20, 20)
+    share = served[back.id] / (served[back.id] + served[busy.id])
+    assert abs(share - weight / (weight + 1)) < 0.02, served
+
+
+async def test_a_lane_that_stays_busy_keeps_its_place(store: SqlStore) -> None:
+    """A second batch of an org whose lane still has ready work adds to that lane; the lane
+    keeps its virtual time (only a lane with no ready work is levelled)."""
+    a, b = await make_org(store), await make_org(store)
+    await make_batch(store, a, 3000, model="shared")
+    await make_batch(store, b, 3000, model="shared")
+    await served_by_org(store, "shared", 10, 20)
+    async with store.engine.connect() as conn:
+        before = dict((await conn.execute(text("SELECT org_id, vtime FROM lanes"))).all())
+    await make_batch(store, a, 500, model="shared")
+    async with store.engine.connect() as conn:
+        after = dict((await conn.execute(text("SELECT org_id, vtime FROM lanes"))).all())
+    assert after == before
+
+
 async def test_urgent_lanes_are_served_first_earliest_deadline_first(store: SqlStore) -> None:
     calm, late, later = [await make_org(store) for _ in range(3)]
     await make_batch(store, calm, CHUNK_LINES * 4, model="shared")

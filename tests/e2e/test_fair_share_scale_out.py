@@ -13,7 +13,6 @@ import asyncio
 import base64
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tests.support import (
     chat_line,
     free_port,
     jsonl,
+    serve_role,
     stop_all,
     wait_http,
     write_sim_config,
@@ -38,14 +38,6 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 BACKLOG = 50_000
 HEAVY = 4_000
 SMALL = 1_000
-
-
-def _serve(config: Path, role: str, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "backfill.cli", "serve", "--role", role, "--config", str(config)]
-    if port is not None:
-        args += ["--port", str(port)]
-    with log.open("ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
 
 
 class Api:
@@ -141,9 +133,9 @@ plan_interval_s = 0.5
     db = await asyncpg.connect(pg_url)
     try:
         port = free_port()
-        processes.append(_serve(config, "api", tmp_path / "api.log", port))
+        processes.append(serve_role(config, "api", tmp_path / "api.log", port))
         wait_http(f"http://127.0.0.1:{port}/healthz", processes[0])
-        processes += [_serve(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
+        processes += [serve_role(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
         api = Api(port)
         light = await api.org("light", 1)
         heavy = await api.org("heavy", 3)

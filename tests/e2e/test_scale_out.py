@@ -22,6 +22,7 @@ from tests.support import (
     jsonl,
     moto_endpoint,
     new_bucket,
+    serve_role,
     stop_all,
     wait_http,
     write_sim_config,
@@ -60,14 +61,6 @@ def _cli(config: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def _serve(config: Path, role: str, log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "backfill.cli", "serve", "--role", role, "--config", str(config)]
-    if port is not None:
-        args += ["--port", str(port)]
-    with log.open("ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-
-
 def test_two_apis_three_workers_survive_a_worker_kill(
     tmp_path: Path, pg_url: str, fast_sim: SimulatorProcess
 ) -> None:
@@ -81,8 +74,8 @@ def test_two_apis_three_workers_survive_a_worker_kill(
     try:
         ports = [free_port(), free_port()]
         for i, port in enumerate(ports):
-            processes.append(_serve(config, "api", tmp_path / f"api{i}.log", port))
-        workers = [_serve(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
+            processes.append(serve_role(config, "api", tmp_path / f"api{i}.log", port))
+        workers = [serve_role(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
         processes += workers
         for port, process in zip(ports, processes, strict=False):
             wait_http(f"http://127.0.0.1:{port}/healthz", process)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     delete,
     func,
     select,
@@ -421,9 +422,11 @@ def expired_leases(now: float) -> Select[Any]:
 
 
 async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None:
-    """A batch starts: its lane gains its chunks. A lane that was idle starts level with the
-    busy lane of its model that has the least virtual time, so it neither waits behind the
-    others nor takes a burst to catch up: from then on they share by weight."""
+    """A batch starts: its lane gains its chunks. A lane that was idle (no ready chunk) starts
+    level with the busy lane of its model that has the least virtual time, from below or from
+    above: it neither takes a burst to catch up nor waits for the others to pass its own
+    history. From then on they share by weight. With no busy lane it keeps its time (any lane
+    opened later is levelled to it)."""
     ready = (
         await conn.execute(
             select(func.count())
@@ -438,8 +441,9 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
         "metered": batch.billing == Billing.GPU_TIME,
     }
     await conn.execute(dialect.insert_ignoring(lanes).values(**row))
+    # NULL when no lane of the model has ready work; an idle lane itself is never counted.
     level = (
-        select(func.coalesce(func.min(lanes.c.vtime), 0.0))
+        select(func.min(lanes.c.vtime))
         .where(lanes.c.model == batch.model, lanes.c.ready > 0)
         .scalar_subquery()
     )
@@ -447,7 +451,9 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
         update(lanes)
         .where(lanes.c.model == batch.model, lanes.c.org_id == batch.org_id)
         .values(
-            vtime=dialect.greatest(lanes.c.vtime, level),
+            vtime=case(
+                (lanes.c.ready == 0, func.coalesce(level, lanes.c.vtime)), else_=lanes.c.vtime
+            ),
             ready=lanes.c.ready + ready,
             metered=row["metered"],
         )

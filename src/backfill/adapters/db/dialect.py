@@ -19,7 +19,6 @@ from sqlalchemy import (
     Table,
     Update,
     event,
-    func,
     insert,
     text,
     update,
@@ -74,8 +73,6 @@ class Dialect(Hashable, Protocol):
         """Insert ``values``, or where a row with the same ``key`` exists and ``where`` holds
         for it, set its ``replace`` columns to theirs."""
         ...
-
-    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]: ...
 
     def update_picked(
         self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]
@@ -177,9 +174,6 @@ class _Sqlite:
     ) -> Insert:
         return _replacing(sqlite_insert(table).values(**values), key, replace, where)
 
-    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
-        return func.max(a, b)
-
     def update_picked(
         self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]
     ) -> Update:
@@ -227,9 +221,6 @@ class _Postgres:
         where: ColumnElement[bool],
     ) -> Insert:
         return _replacing(pg_insert(table).values(**values), key, replace, where)
-
-    def greatest(self, a: Any, b: Any) -> ColumnElement[Any]:
-        return func.greatest(a, b)
 
     def update_picked(
         self, table: Table, where: ColumnElement[bool], key: Column[Any], pick: Select[Any]

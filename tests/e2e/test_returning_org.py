@@ -1,0 +1,124 @@
+"""An org with history on a model comes back while another org drains a large batch: its new
+lines move in step with the other's at once, on SQLite (one ``backfill up``) and on PostgreSQL
+(an API and three worker processes). Before lanes were levelled from above, the returning org
+waited until the other had claimed as many lines as it had once run itself (the 2026-12-05
+review, M1)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_fair_share_scale_out import TOKEN, Api
+from tests.support import (
+    SimulatorProcess,
+    create_pg_database,
+    drop_pg_database,
+    free_port,
+    serve_role,
+    start_server_process,
+    stop_all,
+    wait_http,
+    write_sim_config,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+HISTORY = 4_000
+BUSY = 20_000
+RETURNING = 400
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def deployment(
+    request: pytest.FixtureRequest, tmp_path: Path, fast_sim: SimulatorProcess
+) -> AsyncIterator[Api]:
+    """The API of a Backfill with the admin API on: one process on SQLite, or an API and three
+    workers on PostgreSQL."""
+    settings = f'admin_token = "{TOKEN}"\nplan_interval_s = 0.5\n'
+    if request.param == "sqlite":
+        server = start_server_process(
+            tmp_path, fast_sim.base_url, max_concurrency=8, extra=settings
+        )
+        try:
+            yield Api(server.port)
+        finally:
+            server.stop()
+        return
+    pg_url = await create_pg_database()
+    config = tmp_path / "returning.toml"
+    write_sim_config(
+        config,
+        fast_sim.base_url,
+        max_concurrency=8,
+        extra=settings
+        + f"""
+database_url = "{pg_url}"
+storage_url = "file://{tmp_path / "blobs"}"
+master_key = "{base64.b64encode(os.urandom(32)).decode()}"
+""",
+    )
+    port = free_port()
+    processes: list[subprocess.Popen[bytes]] = [
+        serve_role(config, "api", tmp_path / "api.log", port)
+    ]
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", processes[0])
+        processes += [serve_role(config, "worker", tmp_path / f"w{i}.log") for i in range(3)]
+        yield Api(port)
+    finally:
+        stop_all(processes)
+        await drop_pg_database(pg_url)
+
+
+async def counts(api: Api, headers: dict[str, str], batch_id: str) -> dict[str, int]:
+    got = await api.client.get(f"/v1/batches/{batch_id}", headers=headers)
+    assert got.status_code == 200, got.text
+    batch = got.json()
+    assert batch["status"] not in {"failed", "expired", "cancelled"}, batch
+    request_counts: dict[str, int] = batch["request_counts"]
+    return request_counts
+
+
+async def reach(api: Api, headers: dict[str, str], batch_id: str, completed: int) -> None:
+    deadline = time.monotonic() + 60
+    while (await counts(api, headers, batch_id))["completed"] < completed:
+        assert time.monotonic() < deadline, f"{batch_id} did not reach {completed} in 60s"
+        await asyncio.sleep(0.05)
+
+
+async def finish(api: Api, headers: dict[str, str], batch_id: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (await api.client.get(f"/v1/batches/{batch_id}", headers=headers)).json()[
+        "status"
+    ] != "completed":
+        assert time.monotonic() < deadline, f"{batch_id} did not complete in {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_returning_org_moves_in_step_at_once(deployment: Api) -> None:
+    api = deployment
+    back = await api.org("back", 1)
+    busy = await api.org("busy", 1)
+    await finish(api, back, await api.submit(back, "history", HISTORY))
+
+    # The busy org is new to the model: its lane starts from nothing while no other is busy.
+    backlog = await api.submit(busy, "busy", BUSY)
+    await reach(api, busy, backlog, 100)
+    before = (await counts(api, busy, backlog))["completed"]
+    await finish(api, back, await api.submit(back, "back", RETURNING))
+    ahead = (await counts(api, busy, backlog))["completed"] - before
+    assert (await counts(api, busy, backlog))["completed"] < BUSY, "the backlog must outlast it"
+    # At equal weights the returning lines need 2 x RETURNING of the model's requests. Owed its
+    # history, the org would wait for about HISTORY of the other's first (ratio about 5.5).
+    ratio = (ahead + RETURNING) / (2 * RETURNING)
+    print(f"\nreturning org: {ratio:.2f}x its fair-share time ({ahead} of the other's lines)")
+    assert ratio <= 2.5, ahead
+    await api.client.aclose()
