@@ -207,6 +207,20 @@ async def test_one_statement_decides_who_takes_the_finalize_lease(
     assert await lease_row(stores[0], case.batch.id) == (FINALIZING, winner, NOW + 60)
 
 
+async def test_a_sole_workers_start_releases_the_finalize_leases_of_before(
+    stores: list[SqlStore], keyring: Keyring
+) -> None:
+    """A worker alone on its database, starting, knows every finalize lease is from a dead
+    attempt: the next one takes over at once and learns whose leftovers to remove."""
+    case = await finalizing_batch(stores[0], keyring)
+    batch_id = case.batch.id
+    assert (await stores[0].take_finalize(batch_id, [FINALIZING], "dead", NOW + 120, NOW)).taken
+    assert not (await stores[1].take_finalize(batch_id, [FINALIZING], "new", NOW + 5, NOW)).taken
+    await stores[1].release_all_leases()
+    taken = await stores[1].take_finalize(batch_id, [FINALIZING], "new", NOW + 5, NOW)
+    assert taken == FinalizeLease(True, "dead")
+
+
 async def test_an_expired_holder_is_fenced_out(stores: list[SqlStore], keyring: Keyring) -> None:
     a, b = stores[0], stores[1]
     case = await finalizing_batch(a, keyring)
@@ -306,7 +320,7 @@ async def test_racing_finalizers_publish_once(
     clock = ManualClock(NOW)
     blobs = [worker_blobs(root, keyring) for _ in stores]
     finalizers = [
-        Finalizer(store, blob, keyring, clock, 3600)
+        Finalizer(store, blob, keyring, clock, 3600, lease_s=120)
         for store, blob in zip(stores, blobs, strict=True)
     ]
     published: set[str] = set()
@@ -394,7 +408,7 @@ async def test_before_runs_only_once_the_lease_is_held(
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     clock = ManualClock(NOW)
-    finalizer = Finalizer(stores[0], worker_blobs(root, keyring), keyring, clock, 3600)
+    finalizer = Finalizer(stores[0], worker_blobs(root, keyring), keyring, clock, 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     seen: list[tuple[str, str | None, float | None]] = []
 
@@ -420,7 +434,7 @@ async def test_one_finalizer_does_not_finalize_a_batch_twice_at_once(
     clock = ManualClock(NOW)
     gate = asyncio.Event()
     blobs = worker_blobs(root, keyring, gate)
-    finalizer = Finalizer(stores[0], blobs, keyring, clock, 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, clock, 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     first = asyncio.create_task(finalizer.finalize(case.batch, FINALIZING, COMPLETED))
     await asyncio.wait_for(blobs.committing.wait(), 30)

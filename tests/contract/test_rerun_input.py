@@ -72,7 +72,7 @@ async def test_the_rerun_input_holds_the_failed_lines_requests(
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     blobs = worker_blobs(root, keyring)
-    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     await with_input(blobs, case)
     assert await finalizer.finalize(case.batch, FINALIZING, COMPLETED)
@@ -86,7 +86,7 @@ async def test_no_rerun_input_when_every_line_succeeded(
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     blobs = worker_blobs(root, keyring)
-    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     await with_input(blobs, case)
     i = t.items
@@ -110,7 +110,7 @@ async def test_input_that_cannot_be_read_leaves_no_rerun_input_and_still_publish
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     blobs = worker_blobs(root, keyring)
-    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)  # its input was never stored
     assert await finalizer.finalize(case.batch, FINALIZING, COMPLETED)
     keys = published_keys(case, finalizer.token)
@@ -136,7 +136,7 @@ async def test_a_read_fault_that_passes_keeps_the_rerun_input(
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     blobs = FailingReads(EncryptedBlobStore(LocalRawStore(root), keyring), failures=1)
-    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     await with_input(blobs, case)
     assert await finalizer.finalize(case.batch, FINALIZING, COMPLETED)
@@ -148,7 +148,7 @@ async def test_a_lasting_read_fault_gives_up_the_rerun_input_not_the_batch(
     stores: list[SqlStore], keyring: Keyring, root: Path
 ) -> None:
     blobs = FailingReads(EncryptedBlobStore(LocalRawStore(root), keyring), failures=10**6)
-    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600)
+    finalizer = Finalizer(stores[0], blobs, keyring, ManualClock(NOW), 3600, lease_s=120)
     case = await finalizing_batch(stores[0], keyring)
     await with_input(blobs, case)
     assert await finalizer.finalize(case.batch, FINALIZING, COMPLETED)

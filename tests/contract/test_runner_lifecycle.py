@@ -40,7 +40,7 @@ async def parts(kit: Kit, engine: ScriptedEngine) -> Parts:
     runner = kit.runner()
     pool = await kit.pool([engine], runner.start)
     dispatch = kit.dispatcher(pool)
-    finalizer = Finalizer(kit.store, kit.blobs, kit.keyring, kit.clock, 3600)
+    finalizer = Finalizer(kit.store, kit.blobs, kit.keyring, kit.clock, 3600, lease_s=120)
     files = FileService(
         kit.store, kit.blobs, NoDeployments(), kit.clock, Limits(1 << 20, 1000, 1 << 16), 3600
     )

@@ -89,7 +89,7 @@ class Finalizer:
         sealer: Sealer,
         clock: Clock,
         output_ttl_s: int,
-        lease_s: float = 120.0,
+        lease_s: float,
     ) -> None:
         self._store = store
         self._blobs = blobs

@@ -231,7 +231,7 @@ class Worker:
             locality=config.prefix_locality,
         )
         self._charger = GpuCharger(meter, store, self._dispatcher.pause)
-        finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s)
+        finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s, config.lease_s)
         validating = ValidatingTakeover(
             store,
             starter,

@@ -379,12 +379,19 @@ class ClaimQueries(SqlBase):
         )
 
     async def release_all_leases(self) -> None:
-        """At the start of a worker alone on its database: every lease is its own, from before."""
+        """At the start of a worker alone on its database: every lease is its own, from before,
+        the finalize leases of batches it was finalizing included (the next lifecycle pass takes
+        those over, and cleans up what the dead attempt left, at once)."""
         async with self.writing("releasing leases") as conn:
             await conn.execute(
                 update(t.items)
                 .where(t.items.c.state == ItemState.LEASED)
                 .values(lease_until=_ENDED)
+            )
+            await conn.execute(
+                update(t.batches)
+                .where(t.batches.c.finalize_until.is_not(None))
+                .values(finalize_until=_ENDED)
             )
         # Every lease now ended before any clock's zero, whatever clock the worker keeps.
         while await self.requeue_expired(0.0):
