@@ -90,7 +90,8 @@ class EncryptedBlobStore:
         self._keyring = keyring
         self.legacy_reads = legacy_reads
         self._on_damage = on_damage
-        self._keys: OrderedDict[str, tuple[BlobKey, int, int]] = OrderedDict()
+        # Opened blobs: (data key, plaintext size, segments, stored size), by key.
+        self._keys: OrderedDict[str, tuple[BlobKey, int, int, int]] = OrderedDict()
         self._segments: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
     async def writer(self, key: str) -> BlobWriter:
@@ -113,7 +114,7 @@ class EncryptedBlobStore:
             return False
         return True
 
-    async def _open(self, key: str) -> tuple[BlobKey, int, int]:
+    async def _open(self, key: str) -> tuple[BlobKey, int, int, int]:
         cached = self._keys.get(key)
         if cached is not None:
             self._keys.move_to_end(key)
@@ -138,7 +139,7 @@ class EncryptedBlobStore:
             raise self._damaged(
                 key, "truncated", f"Stored content {key!r} is damaged (truncated)."
             ) from None
-        entry = (blob_key, size, count)
+        entry = (blob_key, size, count, raw_size)
         self._keys[key] = entry
         if len(self._keys) > 256:
             self._keys.popitem(last=False)
@@ -182,6 +183,17 @@ class EncryptedBlobStore:
         return ContentUnreadable(message)
 
     async def size(self, key: str) -> int:
+        """The plaintext size, from what is stored now: a blob whose stored size changed since
+        it was opened (cut short, or restored from a backup) is opened again, not served from
+        what was cached of it."""
+        cached = self._keys.get(key)
+        if cached is not None:
+            try:
+                stored = await self._raw.size(key)
+            except NotFound:
+                stored = None
+            if stored != cached[3]:
+                self._forget(key)
         return (await self._open(key))[1]
 
     async def exists(self, key: str) -> bool:
@@ -197,7 +209,7 @@ class EncryptedBlobStore:
     async def stream(
         self, key: str, start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes]:
-        blob_key, size, count = await self._open(key)
+        blob_key, size, count, _ = await self._open(key)
         end = size if end is None else min(end, size)
         seg = blob_key.segment
         position = start
