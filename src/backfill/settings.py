@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -289,6 +290,12 @@ class Settings(BaseSettings):
     # (IPv6: per /64) in the window; then 429 on those routes. 0: off.
     auth_failure_limit: int = 20
     auth_failure_window_s: float = 60.0
+    # Addresses or networks (CIDR) of the reverse proxies whose X-Forwarded-For and
+    # X-Forwarded-Proto are believed. Empty: no client's are, loopback's neither (a same-host
+    # proxy that passes the client's header on unchanged would otherwise let any client choose
+    # the address the authentication brake counts).
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+
     gpu_time_flush_s: float = 1.0
     janitor_interval_s: float = 60.0
     # Scheduling (docs/scheduling.md): how often a worker measures throughput, projects running
@@ -298,6 +305,19 @@ class Settings(BaseSettings):
     deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
     deadline_admission: bool = True
     log_level: str = "info"
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address or network; list the addresses of your "
+                    'reverse proxies, e.g. ["10.0.0.5", "10.1.0.0/16"]'
+                ) from None
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -88,3 +88,11 @@ def test_a_deployment_becomes_an_entry_its_org_owns() -> None:
         frozenset({"text"}),
     )
     assert model.prices is None
+
+
+def test_forwarded_allow_ips_takes_addresses_and_networks_only() -> None:
+    assert Settings().forwarded_allow_ips == []
+    listed = ["10.0.0.5", "10.1.0.0/16", "::1"]
+    assert Settings(forwarded_allow_ips=listed).forwarded_allow_ips == listed
+    with pytest.raises(ValueError, match=r"'proxy\.internal' is not an IP address or network"):
+        Settings(forwarded_allow_ips=["proxy.internal"])

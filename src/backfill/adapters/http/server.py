@@ -334,6 +334,10 @@ def server_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
         access_log=False,
         timeout_graceful_shutdown=5,
         http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+        # Forwarded headers are believed only from the listed proxies; never from loopback by
+        # default (uvicorn's own default, and its FORWARDED_ALLOW_IPS variable, are not used).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         # Backfill has no WebSocket routes; an upgrade request is answered as plain HTTP.
         ws="none",
     )
