@@ -122,12 +122,15 @@ async def test_a_lane_that_stays_busy_keeps_its_place(store: SqlStore) -> None:
     await make_batch(store, a, 3000, model="shared")
     await make_batch(store, b, 3000, model="shared")
     await served_by_org(store, "shared", 10, 20)
-    async with store.engine.connect() as conn:
-        before = dict((await conn.execute(text("SELECT org_id, vtime FROM lanes"))).all())
+    before = await vtimes(store)
     await make_batch(store, a, 500, model="shared")
+    assert await vtimes(store) == before
+
+
+async def vtimes(store: SqlStore) -> dict[str, float]:
     async with store.engine.connect() as conn:
-        after = dict((await conn.execute(text("SELECT org_id, vtime FROM lanes"))).all())
-    assert after == before
+        rows = (await conn.execute(text("SELECT org_id, vtime FROM lanes"))).all()
+    return {row.org_id: row.vtime for row in rows}
 
 
 async def test_urgent_lanes_are_served_first_earliest_deadline_first(store: SqlStore) -> None:
