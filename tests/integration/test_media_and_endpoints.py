@@ -5,14 +5,17 @@ billed from their own usage fields, and each model's endpoints in GET /v1/models
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from aiohttp import web
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.domain import custom_ids, input_format
+from backfill.domain.strict_lines import chat_run_py
 from backfill.settings import ModelSettings, PricingSettings
 from tests.support import InProcess, in_process_backfill, jsonl, running_simulator
 from tests.tls_support import make_pki
@@ -223,3 +226,82 @@ async def test_models_say_which_endpoints_they_serve(tmp_path: Path) -> None:
         "url",
         1,
     )
+
+
+@pytest.fixture(params=["c", "python"])
+def validator_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Upload validation with the C fast path, or with its Python twins."""
+    if request.param == "c":
+        yield "c"
+        return
+    with (
+        mock.patch.object(input_format, "chat_run", chat_run_py),
+        mock.patch.object(custom_ids, "add_ids", custom_ids.add_ids_py),
+        mock.patch.object(custom_ids, "rehash", custom_ids.rehash_py),
+    ):
+        yield "python"
+
+
+def _response(custom_id: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": VISION, "input": "Say hi", "max_output_tokens": 4, **body},
+    }
+
+
+def _text_chat(custom_id: str, **body: Any) -> dict[str, Any]:
+    line = _chat(custom_id)
+    line["body"]["messages"] = [{"role": "user", "content": "What is this?"}]
+    line["body"].update(body)
+    return line
+
+
+METADATA_URL = "http://169.254.169.254/latest/"
+FUNCTION_TOOL = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+# The 2026-12-05 review, finding L6: each of these uploaded, and the engine got the tools and
+# the stored-response reference.
+REACHING: list[tuple[Callable[..., dict[str, Any]], dict[str, Any], str]] = [
+    (
+        _response,
+        {"tools": [{"type": "mcp", "server_label": "m", "server_url": METADATA_URL}]},
+        "body.tools[0].type",
+    ),
+    (
+        _response,
+        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_other_tenant"]}]},
+        "body.tools[0].type",
+    ),
+    (_response, {"previous_response_id": "resp_other_tenant"}, "body.previous_response_id"),
+    (_response, {"conversation": "conv_other_tenant"}, "body.conversation"),
+    (_response, {"store": True}, "body.store"),
+    (_text_chat, {"tools": [{"type": "mcp", "server_url": METADATA_URL}]}, "body.tools[0].type"),
+    (_text_chat, {"web_search_options": {}}, "body.web_search_options"),
+    (_text_chat, {"store": True}, "body.store"),
+]
+
+
+async def test_lines_that_reach_past_the_request_are_refused_at_upload(
+    tmp_path: Path, validator_path: str
+) -> None:
+    async with running_simulator() as (url, _), await _backfill(tmp_path, url) as backfill:
+        for make, body, param in REACHING:
+            # Good lines first, so the bad one is checked by the path most lines take.
+            rows = [make(f"ok-{i}") for i in range(3)] + [make("bad", **body)]
+            answer = await backfill.upload(jsonl(rows))
+            assert answer.status_code == 400, (validator_path, param, answer.text)
+            error = answer.json()["error"]
+            assert (error["param"], error["line"]) == (param, 4), error
+            assert error["code"] in ("invalid_value", "unsupported_parameter")
+            assert error["message"].startswith(f"Line 4: '{param}'"), error["message"]
+        # Function tools are a JSON schema and nothing more; store: false asks for nothing.
+        fine = [
+            _response("r-1", tools=[FUNCTION_TOOL], store=False),
+            _response("r-2", previous_response_id=None),
+        ]
+        batch = await _run(backfill, fine, "/v1/responses")
+        assert batch["request_counts"]["total"] == 2
+        tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+        accepted = await backfill.upload(jsonl([_text_chat("c-1", tools=tools, store=False)]))
+        assert accepted.status_code == 200, accepted.text

@@ -206,3 +206,37 @@ async def test_a_bad_request_before_a_section_is_the_one_reported(backfill: InPr
         3,
         "body.max_tokens",
     )
+
+
+async def test_a_section_nested_too_deeply_gets_the_nesting_error(backfill: InProcess) -> None:
+    # The 2026-12-05 review, Info "deep section": these got "unknown field 'section'".
+    depth = 100_000
+    first = [
+        orjson.dumps(FORMAT),
+        orjson.dumps({"section": {"id": "a", "body": {"model": SIM_MODEL, "max_tokens": 4}}}),
+        orjson.dumps({"custom_id": "1", "body": {"messages": [{"role": "user", "content": "x"}]}}),
+    ]
+    deep_lines = [
+        b'{"section":' * depth + b"{}" + b"}" * depth,
+        b'{"section":{"id":"b","body":{"x":' + b"[" * depth + b"]" * depth + b"}}}",
+    ]
+    for deep in deep_lines:
+        response = await backfill.upload(b"\n".join([*first, deep]) + b"\n")
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["line"]) == ("invalid_json_line", 4)
+        assert "nests JSON too deeply" in error["message"], error["message"]
+
+
+async def test_a_shared_tool_that_reaches_past_the_request_names_the_section(
+    backfill: InProcess,
+) -> None:
+    mcp = {"type": "mcp", "server_label": "m", "server_url": "http://169.254.169.254/latest/"}
+    lines: list[dict[str, Any]] = [
+        FORMAT,
+        {"section": {"id": "a", "body": {"model": SIM_MODEL, "max_tokens": 4, "tools": [mcp]}}},
+        {"custom_id": "1", "body": {"messages": [{"role": "user", "content": "x"}]}},
+    ]
+    error = (await backfill.upload(jsonl(lines))).json()["error"]
+    assert (error["line"], error["param"]) == (2, "section.body.tools[0].type")
+    assert error["message"].startswith("Line 2: 'section.body.tools[0].type'")

@@ -61,6 +61,28 @@ def test_a_run_stops_where_only_the_detailed_checks_can_tell() -> None:
     assert {answer[:4] for answer in both([lines[0], broken], 0, 4096)} == {(1, bound, 5, True)}
 
 
+def test_a_run_leaves_other_tools_and_engine_state_to_the_detailed_checks() -> None:
+    # The 2026-12-05 review, finding L6: what the detailed checks refuse, the run must not
+    # accept; function tools and nothing stored stay on the fast path.
+    function = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    for body in ({"tools": [function]}, {"store": False}, {"tools": None, "store": None}):
+        line = raw(chat("a", max_tokens=5, **body))
+        assert {answer[:4] for answer in both([line], 0, 4096)} == {(1, len(line) + 16, 5, False)}
+    refused: list[dict[str, object]] = [
+        {"tools": [{"type": "mcp", "server_url": "http://169.254.169.254/latest/"}]},
+        {"tools": [function, {"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        {"tools": [{"name": "f"}]},
+        {"tools": "function"},
+        {"store": True},
+        {"previous_response_id": "resp_1"},
+        {"conversation": {"id": "conv_1"}},
+        {"web_search_options": {}},
+    ]
+    for refusing in refused:
+        line = raw(chat("b", max_tokens=5, **refusing))
+        assert {answer[:4] for answer in both([line], 0, 4096)} == {(0, 0, 0, True)}, refusing
+
+
 def test_the_c_run_refuses_what_is_not_a_page_of_lines() -> None:
     from backfill.domain._speedups import chat_run
 

@@ -181,6 +181,68 @@ def test_a_model_serves_only_its_endpoints() -> None:
     assert reject(chat_to_embedder).code == "invalid_url"
 
 
+# ---- tools and engine-side state (the 2026-12-05 review, finding L6) ---------------------
+
+FUNCTION = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+RESPONSES_FUNCTION = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+MCP = {"type": "mcp", "server_label": "x", "server_url": "http://169.254.169.254/latest/"}
+FILE_SEARCH = {"type": "file_search", "vector_store_ids": ["vs_other_tenant"]}
+
+
+def test_function_tools_and_nothing_stored_are_accepted() -> None:
+    chat = chat_parts()
+    chat["body"].update(tools=[FUNCTION], store=False, tool_choice="auto")
+    check(chat)
+    check(
+        response(tools=[RESPONSES_FUNCTION], store=False),
+        response("r2", tools=None, store=None, previous_response_id=None, conversation=None),
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"tools": [MCP]}, "invalid_value", "body.tools[0].type"),
+        ({"tools": [RESPONSES_FUNCTION, FILE_SEARCH]}, "invalid_value", "body.tools[1].type"),
+        ({"tools": [{"type": "web_search"}]}, "invalid_value", "body.tools[0].type"),
+        ({"tools": [{"name": "f"}]}, "invalid_value", "body.tools[0].type"),
+        ({"tools": ["function"]}, "invalid_value", "body.tools[0]"),
+        ({"tools": {"type": "function"}}, "invalid_value", "body.tools"),
+        ({"previous_response_id": "resp_1"}, "unsupported_parameter", "body.previous_response_id"),
+        ({"conversation": "conv_1"}, "unsupported_parameter", "body.conversation"),
+        ({"conversation": {"id": "conv_1"}}, "unsupported_parameter", "body.conversation"),
+        ({"store": True}, "invalid_value", "body.store"),
+        ({"store": "no"}, "invalid_value", "body.store"),
+    ],
+)
+def test_responses_lines_reaching_past_the_request_are_refused(
+    body: dict[str, Any], code: str, param: str
+) -> None:
+    # The second line: a first line that was accepted does not open a way past the checks.
+    error = reject(response(), response("r2", **body))
+    assert (error.code, error.param, error.line) == (code, param, 2)
+    assert error.message.startswith(f"Line 2: '{param}'"), error.message
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"tools": [FUNCTION, MCP]}, "invalid_value", "body.tools[1].type"),
+        ({"tools": [FILE_SEARCH]}, "invalid_value", "body.tools[0].type"),
+        ({"web_search_options": {}}, "unsupported_parameter", "body.web_search_options"),
+        ({"store": True}, "invalid_value", "body.store"),
+        ({"previous_response_id": "resp_1"}, "unsupported_parameter", "body.previous_response_id"),
+    ],
+)
+def test_chat_lines_reaching_past_the_request_are_refused(
+    body: dict[str, Any], code: str, param: str
+) -> None:
+    line = chat_parts(custom_id="c2")
+    line["body"].update(body)
+    error = reject(chat_parts(), line)
+    assert (error.code, error.param, error.line) == (code, param, 2)
+
+
 # ---- media parts -------------------------------------------------------------------------
 
 

@@ -149,6 +149,25 @@ def test_broken_files_name_the_line_and_field(
     assert error.message.startswith(f"Line {line}")
 
 
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    "deep",
+    [
+        b'{"section":' * DEEP + b"{}" + b"}" * DEEP,
+        b'{"section":{"id":"t","body":{"x":' + b"[" * DEEP + b"]" * DEEP + b"}}}",
+        b'{"section":{"id":"t","messages":' + b"[" * DEEP + b"]" * DEEP + b"}}",
+    ],
+)
+def test_a_section_line_nested_too_deeply_is_refused_as_such(deep: bytes) -> None:
+    # The 2026-12-05 review, Info "deep section": this was "unknown field 'section'".
+    error = failure(HEADER, section("s"), request("a"), deep)
+    assert (error.line, error.code, error.param) == (4, "invalid_json_line", None)
+    assert "nests JSON too deeply" in error.message
+    assert not is_sectioned(b'{"format":' + b"[" * DEEP + b"]" * DEEP + b"}")
+
+
 def test_a_file_without_its_header_line_is_refused_at_its_end() -> None:
     with pytest.raises(LineError) as info:
         SectionedExpander().finish(0)

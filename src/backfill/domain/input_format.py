@@ -48,6 +48,12 @@ _CHAT_PARTS = {"image_url": "image", "input_audio": "audio"}
 # assistant turn's output text too). Tool calls and files are refused: their URLs and file ids
 # would reach the engine unchecked.
 _RESPONSE_PARTS = frozenset({"input_text", "input_image", "output_text"})
+# For the same reason, tools are plain functions (a name and a JSON schema) on every endpoint:
+# other types (MCP servers, file search over vector stores, web search, code containers) name
+# servers, stores or data the engine would reach with nothing checking them, and batch refuses
+# them, as it refuses references to an engine's stored responses and conversations (the
+# 2026-12-05 review, finding L6).
+TOOL_TYPES = frozenset({"function"})
 
 
 class ContentPart(msgspec.Struct):
@@ -76,6 +82,14 @@ class Body(msgspec.Struct):
     dimensions: Any = _UNSET
     priority: Any = _UNSET
     """Refused: the operator's engine settings set it (docs/scheduling.md)."""
+    tools: Any = _UNSET
+    """Only ``TOOL_TYPES``."""
+    store: Any = _UNSET
+    """Only false: nothing is kept engine-side for a batch."""
+    # Refused unless null: they reach stored state or web pages past the upload's checks.
+    previous_response_id: Any = _UNSET
+    conversation: Any = _UNSET
+    web_search_options: Any = _UNSET
 
 
 class RequestLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -309,6 +323,11 @@ class LineValidator:
                 or body.model != model_name
                 or body.stream
                 or body.priority is not _UNSET
+                or (body.tools is not _UNSET and not _plain_tools(body.tools))
+                or (body.store is not _UNSET and body.store is not False)
+                or body.previous_response_id is not _UNSET
+                or body.conversation is not _UNSET
+                or body.web_search_options is not _UNSET
                 or (req.section is not None and not _section_ok(req.section))
                 or limit is None
                 or not 0 < limit <= max_tokens
@@ -466,6 +485,7 @@ class LineValidator:
                 line=line_no,
                 param="body.priority",
             )
+        _check_reach(body, line_no)
         if url == EMBEDDINGS_URL:
             self._check_embeddings(body, line_no)
             return
@@ -723,6 +743,78 @@ def _refuse_fields(
                 f"Line {line_no}: 'body.{name}' is not a field of {url} requests; {instead}.",
                 line=line_no,
                 param=f"body.{name}",
+            )
+
+
+def _plain_tools(tools: Any) -> bool:
+    """Whether ``tools`` is a list of tools of ``TOOL_TYPES`` only."""
+    return isinstance(tools, list) and all(
+        isinstance(tool, dict) and tool.get("type") in TOOL_TYPES for tool in tools
+    )
+
+
+def _check_reach(body: Body, line_no: int) -> None:
+    """Refuse what would make the engine reach past the request: tools other than functions,
+    engine-side state, web search (see ``TOOL_TYPES``)."""
+    for name, keeps in (
+        ("previous_response_id", "a stored response"),
+        ("conversation", "a stored conversation"),
+    ):
+        if getattr(body, name) not in (None, _UNSET):
+            raise LineError(
+                "unsupported_parameter",
+                f"Line {line_no}: 'body.{name}' is not accepted in a batch: it names "
+                f"{keeps} the engine keeps, which Backfill cannot check belongs to your "
+                "organization. Remove it and put the earlier turns in the request itself.",
+                line=line_no,
+                param=f"body.{name}",
+            )
+    if body.web_search_options not in (None, _UNSET):
+        raise LineError(
+            "unsupported_parameter",
+            f"Line {line_no}: 'body.web_search_options' is not accepted in a batch: the engine "
+            "would fetch web pages that Backfill does not check. Remove the field.",
+            line=line_no,
+            param="body.web_search_options",
+        )
+    store = body.store
+    if store is not _UNSET and store is not None and store is not False:
+        raise LineError(
+            "invalid_value",
+            f"Line {line_no}: 'body.store' must be false or absent in a batch; results are "
+            "kept in the batch's output file, never stored by the engine.",
+            line=line_no,
+            param="body.store",
+        )
+    tools = body.tools
+    if tools is _UNSET or tools is None:
+        return
+    if not isinstance(tools, list):
+        raise LineError(
+            "invalid_value",
+            f"Line {line_no}: 'body.tools' must be an array of function tools.",
+            line=line_no,
+            param="body.tools",
+        )
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.tools[{i}]' must be a function tool object "
+                '({"type": "function", …}).',
+                line=line_no,
+                param=f"body.tools[{i}]",
+            )
+        kind = tool.get("type")
+        if kind not in TOOL_TYPES:
+            raise LineError(
+                "invalid_value",
+                f"Line {line_no}: 'body.tools[{i}].type' is {kind!r}, but a batch accepts "
+                "only 'function' tools (a name and a JSON schema). Other tools (MCP servers, "
+                "file search, web search, code interpreters) would have the engine reach "
+                "servers, files or stored data that Backfill does not check; remove the tool.",
+                line=line_no,
+                param=f"body.tools[{i}].type",
             )
 
 

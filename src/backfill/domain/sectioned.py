@@ -105,7 +105,7 @@ class Origin:
 def is_sectioned(first_line: bytes) -> bool:
     """Whether a file whose first line is ``first_line`` is a sectioned file (the line names
     a format; plain request lines never have that key)."""
-    return "format" in _keys(first_line)
+    return "format" in (_keys(first_line) or ())
 
 
 class SectionedExpander:
@@ -181,6 +181,10 @@ class SectionedExpander:
             line = _SECTION.decode(raw)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             keys = _keys(raw)
+            if keys is None:
+                # Too deep to read even its keys: that is the line's fault, whatever it was
+                # meant to be (a section nested in itself stops at an unknown field first).
+                raise undecodable(raw, line_no, RecursionError()) from None
             if "section" not in keys or "custom_id" in keys:
                 return False
             raise undecodable(raw, line_no, exc, _SECTION_FIELDS) from None
@@ -256,11 +260,14 @@ class SectionedExpander:
         )
 
 
-def _keys(raw: bytes) -> frozenset[str]:
-    """The keys of a line that is a JSON object (none for anything else)."""
+def _keys(raw: bytes) -> frozenset[str] | None:
+    """The keys of a line that is a JSON object (none for anything else); None when it nests
+    too deeply to be read."""
     try:
         value = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+    except RecursionError:
+        return None
+    except msgspec.DecodeError:
         return frozenset()
     return frozenset(value) if isinstance(value, dict) else frozenset()
 

@@ -3,9 +3,10 @@ model and output limit.
 
 The rules the validator's fast path would check in Python for every line (the method, the URL,
 the model, each message's role and text content, the output limit's range, no streaming, no
-``priority``) become types that msgspec checks in C while it decodes. Its structs are not
-tracked by the cyclic garbage collector either: decoded data holds no cycles, and a million
-lines would otherwise trigger a collection every few hundred lines.
+``priority``, function tools only, nothing stored engine-side) become types that msgspec checks
+in C while it decodes. Its structs are not tracked by the cyclic garbage collector either:
+decoded data holds no cycles, and a million lines would otherwise trigger a collection every
+few hundred lines.
 
 A line this decoder refuses is not necessarily wrong: the validator then decodes it with the
 full structs and its detailed checks, which accept it or name the rule it breaks. So the strict
@@ -28,6 +29,12 @@ _CHAT_URL = "/v1/chat/completions"
 class StrictMessage(msgspec.Struct, gc=False):
     role: Role
     content: str
+
+
+class StrictTool(msgspec.Struct, gc=False):
+    """A function tool; its other fields keep any value, as the full checks let them."""
+
+    type: Literal["function"]
 
 
 class StrictBody(Protocol):
@@ -86,6 +93,12 @@ def strict_chat_decoder(
             "stream": Literal[False] | None,
             # Present at all, it is refused with its reason by the full checks.
             "priority": msgspec.UnsetType,
+            "tools": list[StrictTool] | None,
+            "store": Literal[False] | None,
+            # Accepted when null by the full checks; rare enough to leave to them.
+            "previous_response_id": msgspec.UnsetType,
+            "conversation": msgspec.UnsetType,
+            "web_search_options": msgspec.UnsetType,
         },
         required=frozenset({"messages"}),
     )
