@@ -141,6 +141,15 @@ class _Inbox:
     def __init__(self) -> None:
         self.messages: list[EmailMessage] = []
         self.envelopes: list[tuple[str, list[str]]] = []
+        # Every RCPT TO the server accepted, whether or not its message then arrived.
+        self.rcpts: list[str] = []
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
+    ) -> str:
+        self.rcpts.append(address)
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         parsed = BytesParser(policy=default).parsebytes(envelope.original_content)

@@ -313,7 +313,13 @@ class CatalogStore(Protocol):
 
     async def list_models(self) -> list[CatalogModel]: ...
 
-    async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None: ...
+    async def upsert_model(
+        self, model: CatalogModel, now: int, *, replace: bool
+    ) -> CatalogModel | None:
+        """Insert ``model``; where its id is taken, with ``replace``, write it over the entry
+        only when both have the same owner (both public, or the same org). Returns the entry
+        that had the id before (None: ``model`` was inserted)."""
+        ...
 
 
 class LedgerStore(Protocol):
@@ -551,8 +557,9 @@ class NotificationStore(Protocol):
     async def set_webhook_secret(
         self, org_id: str, sealed: bytes, now: int, *, rotate: bool
     ) -> SealedSecrets:
-        """Store a new secret: with ``rotate`` the current one becomes the previous; without,
-        only when the org has none yet (the stored ones are returned either way)."""
+        """Store a new secret: with ``rotate`` the current one becomes the last replaced (the
+        two last are kept, each with the time it was replaced); without, only when the org
+        has none yet (the stored ones are returned either way)."""
         ...
 
     async def add_webhook_endpoint(

@@ -24,6 +24,7 @@ from backfill.domain.notifications import (
     Channel,
     DeliveryState,
     Endpoint,
+    ReplacedSecret,
     RetrySchedule,
 )
 from backfill.domain.records import Org
@@ -195,6 +196,34 @@ async def test_two_senders_never_send_one_attempt_twice(stores: list[SqlStore]) 
     assert set(seen.values()) == {1}
     secret = (await stores[0].webhook_secrets(org.id)).current
     assert secret is not None
+
+
+async def test_rotations_keep_the_two_last_replaced_secrets(stores: list[SqlStore]) -> None:
+    org = await make_org(stores[0])
+    first = await stores[0].set_webhook_secret(org.id, b"s1", 10, rotate=False)
+    assert (first.current, first.replaced) == (b"s1", ())
+    await stores[1].set_webhook_secret(org.id, b"s2", 20, rotate=True)
+    await stores[0].set_webhook_secret(org.id, b"s3", 30, rotate=True)
+    stored = await stores[1].webhook_secrets(org.id)
+    assert stored.current == b"s3"
+    assert stored.replaced == (ReplacedSecret(b"s2", 30), ReplacedSecret(b"s1", 20))
+    last = await stores[0].set_webhook_secret(org.id, b"s4", 40, rotate=True)
+    assert last.replaced == (ReplacedSecret(b"s3", 40), ReplacedSecret(b"s2", 30))
+
+
+async def test_concurrent_rotations_lose_no_secret_they_hand_out(stores: list[SqlStore]) -> None:
+    org = await make_org(stores[0])
+    await stores[0].set_webhook_secret(org.id, b"s0", 10, rotate=False)
+    answers = await asyncio.gather(
+        stores[0].set_webhook_secret(org.id, b"a", 20, rotate=True),
+        stores[1].set_webhook_secret(org.id, b"b", 20, rotate=True),
+    )
+    stored = await stores[0].webhook_secrets(org.id)
+    # One after the other: the later one's current, the earlier one's just behind it.
+    assert stored.current is not None
+    held = [stored.current, *(r.sealed for r in stored.replaced)]
+    assert sorted(held) == [b"a", b"b", b"s0"]
+    assert {a.current for a in answers} == {b"a", b"b"}
 
 
 async def test_settled_messages_are_pruned_by_age(stores: list[SqlStore]) -> None:

@@ -534,3 +534,28 @@ async def test_publish_is_atomic(store: SqlStore) -> None:
     got = await store.get_batch(org.id, batch.id)
     assert got is not None
     assert (got.status, got.cancelled_at) == ("cancelled", 50)
+
+
+async def test_a_catalog_id_keeps_its_owner(store: SqlStore) -> None:
+    from backfill.domain.catalog import CatalogModel
+    from backfill.domain.money import Prices
+
+    org, other = await make_org(store), await make_org(store)
+    public = CatalogModel("pub", "pub-v1", 4096, 256, prices=Prices(1, 1, 1))
+    private = CatalogModel("dep", "dep-v1", 4096, 256, owner_org_id=org.id, gpu_count=1)
+    assert await store.upsert_model(public, 1, replace=True) is None
+    assert await store.upsert_model(private, 1, replace=True) is None
+    # Another owner: the entry that had the id comes back, and nothing is written.
+    for taking in (
+        dataclasses.replace(public, owner_org_id=org.id, prices=None, gpu_count=1),
+        dataclasses.replace(private, owner_org_id=None, gpu_count=0, prices=Prices(1, 1, 1)),
+        dataclasses.replace(private, owner_org_id=other.id),
+    ):
+        before = await store.upsert_model(taking, 2, replace=True)
+        assert before is not None
+        assert before.owner_org_id != taking.owner_org_id
+    assert {m.id: m for m in await store.list_models()} == {"pub": public, "dep": private}
+    # The same owner: replaced.
+    cheaper = dataclasses.replace(public, prices=Prices(0, 0, 0))
+    assert await store.upsert_model(cheaper, 3, replace=True) == public
+    assert cheaper in await store.list_models()

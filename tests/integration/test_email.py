@@ -115,3 +115,45 @@ async def test_the_address_is_checked(tmp_path: Path, sim: Sim) -> None:
             "/admin/v1/orgs/default/notifications", json={"email": None}, headers=headers
         )
         assert response.json()["email"] is None
+
+
+async def test_an_address_list_or_a_control_character_is_refused(tmp_path: Path, sim: Sim) -> None:
+    # The 2026-12-05 review, finding L3: these were stored, and each send went to every
+    # address a header parser found in them.
+    async with in_process_backfill(tmp_path, sim[0], admin_token="t" * 40) as bf:
+        headers = {"Authorization": "Bearer " + "t" * 40}
+        url = "/admin/v1/orgs/default/notifications"
+        kept = await bf.client.put(url, json={"email": "ops@acme.example"}, headers=headers)
+        assert kept.status_code == 200, kept.text
+        cases = {
+            "ops@acme.example,postmaster": "is a list",
+            "ops@acme.example;postmaster@acme.example": "is a list",
+            "<ops@acme.example>, <cfo@acme.example>": "is a list",
+            "ops@acme.example\u0000": "control character (U+0000)",
+            "ops@acme.example\r\nBcc: all@acme.example": "control character (U+000D)",
+            "<ops@acme.example>": "bare address",
+            "Ops<ops@acme.example>": "bare address",
+        }
+        for bad, words in cases.items():
+            response = await bf.client.put(url, json={"email": bad}, headers=headers)
+            assert response.status_code == 400, (bad, response.text)
+            error = response.json()["error"]
+            assert (error["param"], error["code"]) == ("email", "invalid_value")
+            assert words in error["message"], error["message"]
+            assert "ops@example.com" in error["message"]
+        stored = await bf.client.get(url, headers=headers)
+        assert stored.json()["email"] == "ops@acme.example"
+
+
+async def test_an_email_goes_to_exactly_one_recipient(tmp_path: Path, sim: Sim) -> None:
+    # An address stored before addresses were checked: the envelope still names it alone,
+    # never each address a parse of the To header finds in it.
+    with smtp_server() as server:
+        async with in_process_backfill(tmp_path, sim[0], **smtp(server.port)) as bf:
+            org = await bf.backfill.services.tenants.org("default")
+            await bf.backfill.store.set_notify_email(org.id, "ops@example.com,postmaster")
+            batch = await bf.run_batch(ROWS)
+            [delivery] = await settled(bf, batch["id"])
+    assert delivery["attempts"] >= 1
+    assert len(server.inbox.rcpts) == 1, server.inbox.rcpts
+    assert "postmaster" not in server.inbox.rcpts

@@ -292,6 +292,23 @@ async def test_a_rotated_secret_signs_beside_the_old_one(tmp_path: Path, sim: Si
             assert not got.verifies_with("whsec_" + "A" * 32)
 
 
+async def test_a_second_rotation_keeps_the_first_secret_signing(tmp_path: Path, sim: Sim) -> None:
+    # The 2026-12-05 review, Info "second rotation": a receiver still on the first secret had
+    # been promised a day, and lost it at once when a second rotation followed.
+    with webhook_receiver() as receiver:
+        async with backfill_with(tmp_path, sim) as bf:
+            first = (await admin(bf, "GET", "/orgs/default/webhook_secret"))["secret"]
+            once = await admin(bf, "POST", "/orgs/default/webhook_secret/rotate")
+            twice = await admin(bf, "POST", "/orgs/default/webhook_secret/rotate")
+            assert len({first, once["secret"], twice["secret"]}) == 3
+            assert twice["previous_valid_until"] >= once["previous_valid_until"]
+            await run_with_webhook(bf, receiver.url)
+            [got] = await receiver.wait_for_async(1)
+    for secret in (first, once["secret"], twice["secret"]):
+        assert got.verifies_with(secret)
+    assert len(got.headers["webhook-signature"].split(" ")) == 3
+
+
 async def test_other_orgs_see_no_deliveries(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver() as receiver:
         async with backfill_with(tmp_path, sim) as bf:

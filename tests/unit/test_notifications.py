@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import (
+    PREVIOUS_SECRET_GRACE_S,
     Channel,
     EndedBatch,
     Endpoint,
+    ReplacedSecret,
     RetrySchedule,
+    SealedSecrets,
     email_message,
     messages_for,
     new_webhook_secret,
+    notify_address,
 )
+from backfill.errors import InvalidInput
 
 
 def ended(status: BatchStatus = BatchStatus.EXPIRED, **changes: object) -> EndedBatch:
@@ -81,3 +88,49 @@ def test_secrets_are_standard_webhooks_secrets() -> None:
     secret = new_webhook_secret()
     assert secret.startswith("whsec_")
     assert secret != new_webhook_secret()
+
+
+def test_each_replaced_secret_signs_for_a_day_after_its_own_rotation() -> None:
+    day = PREVIOUS_SECRET_GRACE_S
+    # Rotated at 1000, then again an hour later: the first secret keeps its day.
+    second, first = ReplacedSecret(b"second", 1000 + 3600), ReplacedSecret(b"first", 1000)
+    stored = SealedSecrets(b"third", (second, first))
+    assert stored.signing_beside(1000 + 3600) == (second, first)
+    assert stored.signing_beside(1000 + day - 1) == (second, first)
+    assert stored.signing_beside(1000 + day) == (second,)
+    assert stored.signing_beside(1000 + 3600 + day) == ()
+    assert SealedSecrets(b"only").signing_beside(0) == ()
+
+
+@pytest.mark.parametrize(
+    "address", ["ops@example.com", "first.last+batches@mail.acme.example", "ops@exämple.de"]
+)
+def test_one_plain_address_is_kept(address: str) -> None:
+    assert notify_address(address) == address
+    assert notify_address(None) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("ops@acme.example,postmaster", "is a list"),
+        ("ops@acme.example;", "is a list"),
+        ('"ops,cfo"@acme.example', "is a list"),
+        ("<ops@acme.example>, <cfo@acme.example>", "is a list"),
+        ("ops@acme.example\u0000", "control character (U+0000)"),
+        ("ops@acme.example\nBcc: x@acme.example", "control character (U+000A)"),
+        ("ops@acme.example\u0085", "control character (U+0085)"),
+        ("Ops <ops@acme.example>", "with no spaces"),
+        ("<ops@acme.example>", "bare address"),
+        ("ops(team)@acme.example", "bare address"),
+        ("ops@acme", "a user and a domain"),
+        ("", "or null"),
+        (5, "or null"),
+        ("o" * 310 + "@example.com", "at most 320"),
+    ],
+)
+def test_anything_but_one_plain_address_is_refused(value: object, words: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        notify_address(value)
+    assert (info.value.param, info.value.code) == ("email", "invalid_value")
+    assert words in info.value.message, info.value.message

@@ -32,8 +32,8 @@ def webhook_secret(
     rotate: Annotated[
         bool,
         typer.Option(
-            help="Make a new secret; the old one keeps signing beside it for 24 hours, so "
-            "receivers can switch over."
+            help="Make a new secret; each one replaced in the last 24 hours (the two last at "
+            "most) keeps signing beside it, so receivers can switch over."
         ),
     ] = False,
     config: ConfigOpt = None,

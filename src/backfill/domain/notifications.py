@@ -5,14 +5,18 @@ this module decides, the notifier sends it."""
 from __future__ import annotations
 
 import base64
+import re
 import secrets
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from email.utils import getaddresses
 from enum import IntEnum, StrEnum
 from typing import Any
 
 from backfill.domain import ids
 from backfill.domain.lifecycle import BatchStatus
+from backfill.errors import InvalidInput
 
 
 class Channel(StrEnum):
@@ -142,12 +146,30 @@ class Attempt:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplacedSecret:
+    """A signing secret a rotation replaced (sealed), and when."""
+
+    sealed: bytes
+    replaced_at: int
+
+
+@dataclass(frozen=True, slots=True)
 class SealedSecrets:
-    """An org's signing secrets as stored (sealed with the master key)."""
+    """An org's signing secrets as stored (sealed with the master key): the current one, and
+    the ones rotations replaced, newest first (the store keeps the two last)."""
 
     current: bytes | None
-    previous: bytes | None
-    rotated_at: int | None
+    replaced: tuple[ReplacedSecret, ...] = ()
+
+    def signing_beside(self, now: float) -> tuple[ReplacedSecret, ...]:
+        """The replaced secrets that still sign beside the current one at ``now``: each for
+        ``PREVIOUS_SECRET_GRACE_S`` after the rotation that replaced it.
+
+        Every one, not only the last: a receiver told on a rotation that its secret works
+        for another day still holds it when a second rotation follows within that day (the
+        2026-12-05 review, Info "second rotation").
+        """
+        return tuple(r for r in self.replaced if now < r.replaced_at + PREVIOUS_SECRET_GRACE_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +188,7 @@ class RetrySchedule:
         return now + min(self.max_s, self.base_s * 4.0 ** (attempts_made - 1))
 
 
-# Rows an org's `webhook_endpoints` may hold, and the previous secret's grace after a rotation.
+# Rows an org's `webhook_endpoints` may hold, and a replaced secret's grace after its rotation.
 MAX_ENDPOINTS_PER_ORG = 16
 PREVIOUS_SECRET_GRACE_S = 24 * 3600
 MAX_ERROR_CHARS = 300
@@ -204,3 +226,57 @@ def email_message(payload: dict[str, Any], public_url: str | None) -> tuple[str,
         "created the batch.",
     ]
     return subject, "\n".join(lines) + "\n"
+
+
+MAX_EMAIL_CHARS = 320
+# Loose on purpose (one @, a dot in the domain): the mail server is the judge of the rest.
+_ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_EXAMPLE = "such as ops@example.com"
+
+
+def notify_address(value: object) -> str | None:
+    """``value`` checked as the one address an org's emails go to (None: no emails).
+
+    The address becomes the message's only recipient, so anything a mail library could read
+    as several (``,`` or ``;`` lists, ``<…>`` forms) or that could end the SMTP command early
+    (NUL, control characters) is refused (the 2026-12-05 review, finding L3).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad_address(f"'email' must be one address {_EXAMPLE}, or null to send none.")
+    if len(value) > MAX_EMAIL_CHARS:
+        raise _bad_address(
+            f"'email' is {len(value)} characters; an address has at most {MAX_EMAIL_CHARS}."
+        )
+    for at, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            raise _bad_address(
+                f"'email' has a control character (U+{ord(char):04X}) at position {at}; give "
+                f"one address {_EXAMPLE}."
+            )
+    found = [address for _, address in getaddresses([value]) if address]
+    if len(found) > 1 or "," in value or ";" in value:
+        raise _bad_address(
+            f"'email' must be exactly one address, and {value!r} is a list (',' and ';' "
+            f"separate addresses). Give one address {_EXAMPLE}; to reach several people, "
+            "give a mailing list's address."
+        )
+    if any(char.isspace() for char in value):
+        raise _bad_address(
+            f"'email' must be one address {_EXAMPLE}, with no spaces (it is {value!r})."
+        )
+    if found != [value] or "<" in value or ">" in value:
+        raise _bad_address(
+            f"'email' must be one bare address {_EXAMPLE}, without a name, angle brackets "
+            f"or comments (it is {value!r})."
+        )
+    if not _ADDRESS.fullmatch(value):
+        raise _bad_address(
+            f"'email' must be one address with a user and a domain, {_EXAMPLE} (it is {value!r})."
+        )
+    return value
+
+
+def _bad_address(message: str) -> InvalidInput:
+    return InvalidInput(message, code="invalid_value", param="email")

@@ -17,7 +17,6 @@ import orjson
 from backfill.domain import ids
 from backfill.domain.notifications import (
     MAX_ERROR_CHARS,
-    PREVIOUS_SECRET_GRACE_S,
     Attempt,
     Channel,
     Notification,
@@ -178,8 +177,8 @@ class Notifier:
         await self._mailer.send(message.target, subject, text)
 
     async def _secrets(self, org_id: str) -> list[str]:
-        """The org's signing secrets: the current one, and the one it replaced while that is
-        within its grace; the org's first secret is made here when it has none."""
+        """The org's signing secrets: the current one, and those rotations replaced while
+        they are within their grace; the org's first secret is made here when it has none."""
         stored = await self._store.webhook_secrets(org_id)
         context = secret_context(org_id)
         if stored.current is None:
@@ -189,12 +188,8 @@ class Notifier:
             )
         assert stored.current is not None
         signing = [self._sealer.open(stored.current, context).decode()]
-        if (
-            stored.previous is not None
-            and stored.rotated_at is not None
-            and self._clock.now() < stored.rotated_at + PREVIOUS_SECRET_GRACE_S
-        ):
-            signing.append(self._sealer.open(stored.previous, context).decode())
+        for replaced in stored.signing_beside(self._clock.now()):
+            signing.append(self._sealer.open(replaced.sealed, context).decode())
         return signing
 
     async def _finish(

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import ENDPOINTS, MODALITIES
 from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRICE, MAX_TOKENS
-from backfill.errors import InvalidInput, NotFound
+from backfill.errors import Conflict, InvalidInput, NotFound
 from backfill.ports import CatalogStore, Clock
 from backfill.services.tenants import printable
 
@@ -92,9 +92,41 @@ class CatalogService:
             await self._store.upsert_model(model, now, replace=False)
 
     async def put(self, model: CatalogModel) -> CatalogModel:
+        """Create or change a catalog model or a private deployment; an id the other kind, or
+        another org's deployment, already holds is a Conflict (nothing is written)."""
         _check(model)
-        await self._store.upsert_model(model, int(self._clock.now()), replace=True)
+        before = await self._store.upsert_model(model, int(self._clock.now()), replace=True)
+        if before is not None and before.owner_org_id != model.owner_org_id:
+            raise _taken(before, model)
         found = await self.find(model.id)
         if found is None:  # pragma: no cover - the upsert just wrote it
             raise NotFound(f"Model {model.id!r} vanished.")
         return found
+
+
+def _taken(before: CatalogModel, wanted: CatalogModel) -> Conflict:
+    """Why ``wanted`` may not replace ``before``: an entry never moves between the public
+    catalog and a private deployment, nor between orgs, on a PUT that reuses its id (the
+    2026-12-05 review, finding L5)."""
+    name = before.id
+    if before.owner_org_id is None:
+        return Conflict(
+            f"{name!r} is a catalog model, which every organization can use; a private "
+            "deployment cannot take its id, or the model would vanish for the others. Give "
+            "the deployment another id (GET /admin/v1/models lists the ids in use).",
+            code="model_id_taken",
+        )
+    if wanted.owner_org_id is None:
+        return Conflict(
+            f"{name!r} is a private deployment of organization {before.owner_org_id}; a "
+            "catalog model cannot take its id, or every organization would see the "
+            "deployment. Give the catalog model another id (GET /admin/v1/models lists the "
+            "ids in use).",
+            code="model_id_taken",
+        )
+    return Conflict(
+        f"{name!r} is a private deployment of organization {before.owner_org_id}; it cannot "
+        f"move to organization {wanted.owner_org_id}. Give the new deployment another id "
+        "(GET /admin/v1/models lists the ids in use).",
+        code="model_id_taken",
+    )

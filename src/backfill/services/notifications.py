@@ -3,7 +3,6 @@ delivery log of a batch's notifications (SPEC §10.5, docs/notifications.md)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,22 +14,19 @@ from backfill.domain.notifications import (
     Endpoint,
     Notification,
     new_webhook_secret,
+    notify_address,
     secret_context,
 )
 from backfill.errors import Conflict, InvalidInput, NotFound
 from backfill.ports import BatchStore, Clock, NotificationStore, Sealer, TenantStore
 from backfill.services.tenants import find_org
 
-# Deliberately loose (one @, a dot in the domain, no spaces): the mail server is the judge;
-# this catches a pasted name or a missing domain.
-_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
-MAX_EMAIL_CHARS = 320
-
 
 @dataclass(frozen=True, slots=True)
 class SigningSecret:
     secret: str
-    # While the one it replaced still signs beside it (Unix seconds); None: it does not.
+    # Until when the one it replaced signs beside it (Unix seconds; an older secret replaced
+    # within the grace stops before that); None: only this one signs.
     previous_valid_until: int | None
 
 
@@ -59,7 +55,7 @@ class NotificationService:
 
     async def signing_secret(self, org_name: str, *, rotate: bool = False) -> SigningSecret:
         """The org's webhook signing secret (made on first use); ``rotate`` replaces it, and
-        the replaced one keeps signing beside it for a day so receivers can switch over."""
+        each replaced one keeps signing beside it for a day so receivers can switch over."""
         org = await find_org(self._tenants, org_name)
         context = secret_context(org.id)
         now = int(self._clock.now())
@@ -68,10 +64,8 @@ class NotificationService:
             sealed = self._sealer.seal(new_webhook_secret().encode(), context)
             stored = await self._store.set_webhook_secret(org.id, sealed, now, rotate=rotate)
         assert stored.current is not None
-        until = None
-        if stored.previous is not None and stored.rotated_at is not None:
-            end = stored.rotated_at + PREVIOUS_SECRET_GRACE_S
-            until = end if end > now else None
+        beside = stored.signing_beside(now)
+        until = max(r.replaced_at for r in beside) + PREVIOUS_SECRET_GRACE_S if beside else None
         return SigningSecret(self._sealer.open(stored.current, context).decode(), until)
 
     async def add_endpoint(self, org_name: str, url: object, events: object) -> Endpoint:
@@ -112,18 +106,9 @@ class NotificationService:
     async def set_email(self, org_name: str, email: object) -> str | None:
         """Where the org's terminal-state emails go; None stops them."""
         org = await find_org(self._tenants, org_name)
-        if email is not None and (
-            not isinstance(email, str)
-            or len(email) > MAX_EMAIL_CHARS
-            or not _EMAIL.fullmatch(email)
-        ):
-            raise InvalidInput(
-                "'email' must be one address such as ops@example.com (at most "
-                f"{MAX_EMAIL_CHARS} characters), or null to send none.",
-                param="email",
-            )
-        await self._store.set_notify_email(org.id, email)
-        return email
+        address = notify_address(email)
+        await self._store.set_notify_email(org.id, address)
+        return address
 
     async def email(self, org_name: str) -> str | None:
         org = await find_org(self._tenants, org_name)

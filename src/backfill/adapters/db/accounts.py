@@ -149,7 +149,9 @@ class AccountQueries(SqlBase):
             rows = (await conn.execute(select(t.models).order_by(t.models.c.id))).all()
         return [model_of(r) for r in rows]
 
-    async def upsert_model(self, model: CatalogModel, now: int, *, replace: bool) -> None:
+    async def upsert_model(
+        self, model: CatalogModel, now: int, *, replace: bool
+    ) -> CatalogModel | None:
         prices = model.prices
         values: dict[str, Any] = {
             "model_config_id": model.model_config_id,
@@ -166,16 +168,18 @@ class AccountQueries(SqlBase):
             "endpoints": ",".join(sorted(model.endpoints)),
             "updated_at": now,
         }
+        m = t.models
         async with self.engine.begin() as conn:
-            exists = (
-                await conn.execute(select(t.models.c.id).where(t.models.c.id == model.id))
-            ).first()
-            if exists is None:
-                await conn.execute(insert(t.models).values(id=model.id, **values))
-            elif replace:
-                await conn.execute(
-                    update(t.models).where(t.models.c.id == model.id).values(**values)
-                )
+            # Locked: the owner compared is the one the update replaces.
+            query = self.dialect.for_update(select(m).where(m.c.id == model.id))
+            row = (await conn.execute(query)).first()
+            if row is None:
+                await conn.execute(insert(m).values(id=model.id, **values))
+                return None
+            before = model_of(row)
+            if replace and before.owner_org_id == model.owner_org_id:
+                await conn.execute(update(m).where(m.c.id == model.id).values(**values))
+            return before
 
     # ---- billing ----------------------------------------------------------------------
 

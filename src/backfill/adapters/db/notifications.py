@@ -16,6 +16,7 @@ from backfill.domain.notifications import (
     DeliveryState,
     Endpoint,
     Notification,
+    ReplacedSecret,
     SealedSecrets,
 )
 
@@ -57,11 +58,20 @@ async def _secrets_of(conn: AsyncConnection, org_id: str) -> SealedSecrets:
     row = (
         await conn.execute(
             select(
-                o.c.webhook_secret, o.c.webhook_secret_previous, o.c.webhook_secret_rotated_at
+                o.c.webhook_secret,
+                o.c.webhook_secret_previous,
+                o.c.webhook_secret_rotated_at,
+                o.c.webhook_secret_older,
+                o.c.webhook_secret_older_rotated_at,
             ).where(o.c.id == org_id)
         )
     ).one()
-    return SealedSecrets(row[0], row[1], row[2])
+    replaced = tuple(
+        ReplacedSecret(sealed, at)
+        for sealed, at in ((row[1], row[2]), (row[3], row[4]))
+        if sealed is not None and at is not None
+    )
+    return SealedSecrets(row[0], replaced)
 
 
 # An idle sender's poll, built once.
@@ -189,7 +199,11 @@ class NotificationQueries(SqlBase):
                 await conn.execute(
                     update(o)
                     .where(o.c.id == org_id)
+                    # One statement, each value from the row as it was: concurrent rotations
+                    # replace one after the other and lose no secret they handed out.
                     .values(
+                        webhook_secret_older=o.c.webhook_secret_previous,
+                        webhook_secret_older_rotated_at=o.c.webhook_secret_rotated_at,
                         webhook_secret_previous=o.c.webhook_secret,
                         webhook_secret=sealed,
                         webhook_secret_rotated_at=now,

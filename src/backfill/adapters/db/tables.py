@@ -41,10 +41,13 @@ orgs = Table(
     # Its share of dispatch on shared engines, relative to other orgs' (domain/fair_share.py).
     Column("weight", Integer, nullable=False, server_default="1"),
     # The Standard Webhooks signing secret, sealed with the master key (it must be read back to
-    # sign); the one it replaced keeps signing beside it for a while after a rotation.
+    # sign). The one it replaced, and the one before that, keep signing beside it for a while
+    # after the rotation that replaced each (domain/notifications.py, SealedSecrets).
     Column("webhook_secret", LargeBinary),
     Column("webhook_secret_previous", LargeBinary),
     Column("webhook_secret_rotated_at", BigInteger),
+    Column("webhook_secret_older", LargeBinary),
+    Column("webhook_secret_older_rotated_at", BigInteger),
     # Where terminal-state emails go; null: none.
     Column("notify_email", String(320)),
 )

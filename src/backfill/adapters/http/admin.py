@@ -46,6 +46,7 @@ Svc = Annotated[Services, Depends(services)]
 # Names and amounts are checked by the services (printable, lengths, money caps) so the CLI
 # gets the same answers; the bounds here only keep absurd inputs from reaching them.
 class OrgIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=1000)
 
 
@@ -57,25 +58,30 @@ class OrgPatch(BaseModel):
 
 
 class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     org: str = Field(max_length=1000)
     scopes: list[str] = Field(default=["inference:write", "requests:read"], max_length=10)
     name: str | None = Field(default=None, max_length=1000)
 
 
 class CreditIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     org: str = Field(max_length=1000)
     usd: str = Field(max_length=64)
     note: str | None = Field(default=None, max_length=1000)
 
 
 class PricingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     input: int = Field(ge=0)
     cached_input: int | None = Field(default=None, ge=0)
     output: int = Field(ge=0)
 
 
-# The fields of ModelSettings and DeploymentSettings but the id, which is in the path.
+# The fields of ModelSettings and DeploymentSettings but the id, which is in the path. A field
+# they do not have is refused, never ignored (the 2026-12-05 review, finding L5).
 class ModelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     model_config_id: str
     context_length: int = Field(default=DEFAULT_CONTEXT_LENGTH, ge=1)
     max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1)
@@ -86,6 +92,7 @@ class ModelIn(BaseModel):
 
 
 class DeploymentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     org: str
     model_config_id: str
     gpu_count: int = Field(default=1, ge=1)

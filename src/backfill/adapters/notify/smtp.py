@@ -41,6 +41,9 @@ class SmtpMailer:
         try:
             await aiosmtplib.send(
                 message,
+                # The one envelope recipient, never what a parse of the To header makes of it:
+                # an address stored before addresses were checked may read as a list there.
+                recipients=[to],
                 hostname=s.host,
                 port=s.port,
                 username=s.username,
