@@ -559,3 +559,17 @@ async def test_a_catalog_id_keeps_its_owner(store: SqlStore) -> None:
     cheaper = dataclasses.replace(public, prices=Prices(0, 0, 0))
     assert await store.upsert_model(cheaper, 3, replace=True) == public
     assert cheaper in await store.list_models()
+
+
+async def test_concurrent_puts_of_a_new_id_make_one_entry(store: SqlStore) -> None:
+    """The first inserts; the others find it and update it, none fails on the unique key."""
+    from backfill.domain.catalog import CatalogModel
+    from backfill.domain.money import Prices
+
+    models = [
+        CatalogModel("new", f"new-v{n}", 4096, 256, prices=Prices(n, n, n)) for n in range(40)
+    ]
+    found = await asyncio.gather(*(store.upsert_model(m, 1, replace=True) for m in models))
+    assert found.count(None) == 1
+    [stored] = await store.list_models()
+    assert stored in models

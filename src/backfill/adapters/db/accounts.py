@@ -170,13 +170,16 @@ class AccountQueries(SqlBase):
         }
         m = t.models
         async with self.engine.begin() as conn:
+            # A new id is inserted; one a concurrent PUT inserted first is left to the update
+            # below, like any id already there (never a unique-key error).
+            inserted = await conn.execute(
+                self.dialect.insert_ignoring(m).values(id=model.id, **values)
+            )
+            if inserted.rowcount == 1:
+                return None
             # Locked: the owner compared is the one the update replaces.
             query = self.dialect.for_update(select(m).where(m.c.id == model.id))
-            row = (await conn.execute(query)).first()
-            if row is None:
-                await conn.execute(insert(m).values(id=model.id, **values))
-                return None
-            before = model_of(row)
+            before = model_of((await conn.execute(query)).one())
             if replace and before.owner_org_id == model.owner_org_id:
                 await conn.execute(update(m).where(m.c.id == model.id).values(**values))
             return before
