@@ -77,6 +77,7 @@ bench: $(SPEEDUPS)
 	PYTHONPATH=. $(PY) -m bench.drain_curve
 	PYTHONPATH=. $(PY) -m bench.shared_engine
 	PYTHONPATH=. $(PY) -m bench.locality
+	PYTHONPATH=. $(PY) -m bench.slow_images
 
 # One million-line batch, its rate per 5% of progress; writes docs/drain_curve.png.
 bench-drain-curve: $(SPEEDUPS)

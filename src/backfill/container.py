@@ -357,6 +357,8 @@ def build(
             settings.max_media_part_bytes,
             settings.max_media_bytes_per_line,
             settings.max_media_parts_per_line,
+            # Plain http image URLs are accepted at upload exactly when they can be fetched.
+            allow_http=settings.fetch_allow_http,
         ),
         settings.max_expanded_file_bytes,
     )

@@ -205,6 +205,11 @@ class Settings(BaseSettings):
     # Fetching https image URLs when a request runs (SPEC §10.4, docs/security.md).
     fetch_timeout_s: float = Field(10.0, gt=0)
     fetch_connect_timeout_s: float = Field(5.0, gt=0)
+    # All of one line's images together, fetched one after another.
+    fetch_total_timeout_s: float = Field(60.0, gt=0)
+    # Lines whose images one worker fetches at once (as many more wait for a place), before
+    # they take an engine slot: a slow image host holds a fetch place, never a slot.
+    fetch_concurrency: int = Field(16, ge=1, le=1024)
     # For development and tests only: plain http, and hosts on private or loopback addresses.
     fetch_allow_http: bool = False
     fetch_allow_private: bool = False

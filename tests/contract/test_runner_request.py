@@ -103,7 +103,8 @@ class Kit:
     def __post_init__(self) -> None:
         self.failures = WorkerFailures(0.001, 0.002, give_up_after=MAX_ATTEMPTS)
 
-    def runner(self) -> RequestRunner:
+    def runner(self, **media: Any) -> RequestRunner:
+        """``media``: the runner's media arguments (fetcher, fetch pool, limits)."""
         return RequestRunner(
             attempts=Attempts(
                 RetryPolicy(MAX_ATTEMPTS, 0.001, 0.002), self.clock, self.metrics, random.Random(0)
@@ -116,6 +117,7 @@ class Kit:
             catalog=NoDeployments(),
             clock=self.clock,
             retry_max_s=0.002,
+            **media,
         )
 
     async def pool(
@@ -147,19 +149,20 @@ class Kit:
         org: Org,
         lines: int,
         body: Callable[[int], dict[str, Any]] | None = None,
+        line_bytes: int = 100,
         **fields: Any,
     ) -> BatchRecord:
         """A running batch whose sealed input holds ``lines`` requests, of ``body(i)`` when
-        given (make_batch's lines lie at offsets of 100 bytes)."""
-        batch = await make_batch(self.store, org, lines, **fields)
+        given, ``line_bytes`` apart (100 unless told)."""
+        batch = await make_batch(self.store, org, lines, line_bytes=line_bytes, **fields)
         writer = await self.blobs.writer(content_key(batch.input_file_id))
         for i in range(lines):
             request = {"custom_id": f"req-{i}", "body": body(i) if body else {"max_tokens": 1}}
             if body is None:
                 request |= {"method": "POST", "url": "/v1/chat/completions"}
             line = orjson.dumps(request)
-            assert len(line) <= 100
-            await writer.write(line.ljust(100))
+            assert len(line) <= line_bytes
+            await writer.write(line.ljust(line_bytes))
         await writer.commit()
         return batch
 

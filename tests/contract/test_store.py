@@ -74,10 +74,11 @@ async def make_batch(
     idempotency_key: str | None = None,
     model: str | None = None,
     admission: Admission | None = None,
+    line_bytes: int = 100,
     **fields: Any,
 ) -> BatchRecord:
-    """A batch of its own model (so a claim for that model takes only its lines); ``fields``
-    set more of its record (prices, for one)."""
+    """A batch of its own model (so a claim for that model takes only its lines), whose lines
+    lie ``line_bytes`` apart; ``fields`` set more of its record (prices, for one)."""
     source = file_record(org)
     await store.create_file(source)
     batch = BatchRecord(
@@ -96,7 +97,7 @@ async def make_batch(
     )
     batch = dataclasses.replace(batch, **fields)
     await store.create_batch(batch, admission or ADMIT_ALL)
-    lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(items)]
+    lines = [LineRef(i, i * line_bytes, line_bytes, f"req-{i}") for i in range(items)]
     chunker = Chunker()
     await store.add_items(batch.id, [*chunker.feed(lines), *chunker.close()])
     if status != BatchStatus.VALIDATING:

@@ -37,9 +37,13 @@ async def images() -> AsyncIterator[str]:
     async def page(_: web.Request) -> web.Response:
         return web.Response(text="<html></html>", content_type="text/html")
 
+    async def disguised(_: web.Request) -> web.Response:
+        return web.Response(text="<html></html>", content_type="image/png")
+
     app = web.Application()
     app.router.add_get("/cat.png", image)
     app.router.add_get("/page", page)
+    app.router.add_get("/disguised.png", disguised)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=make_pki().server_context())
@@ -305,3 +309,67 @@ async def test_lines_that_reach_past_the_request_are_refused_at_upload(
         tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
         accepted = await backfill.upload(jsonl([_text_chat("c-1", tools=tools, store=False)]))
         assert accepted.status_code == 200, accepted.text
+
+
+@pytest.fixture
+async def plain_images() -> AsyncIterator[str]:
+    """A plain-http image host on 127.0.0.1; its base URL."""
+
+    async def image(_: web.Request) -> web.Response:
+        return web.Response(body=PNG, content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/cat.png", image)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_http_images_are_accepted_and_fetched_exactly_when_fetch_allow_http_is_on(
+    tmp_path: Path, plain_images: str, validator_path: str
+) -> None:
+    # The 2026-12-05 review, Info: with fetch_allow_http on, an http image URL was still
+    # refused at upload (only redirect hops honoured the setting).
+    rows = [_text_chat(f"text-{i}") for i in range(3)]
+    rows.append(_chat("http", _image(f"{plain_images}/cat.png")))
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    async with running_simulator() as (url, _):
+        async with await _backfill(tmp_path / "off", url, fetch_allow_private=True) as backfill:
+            refused = await backfill.upload(jsonl(rows))
+        async with await _backfill(
+            tmp_path / "on", url, fetch_allow_private=True, fetch_allow_http=True
+        ) as backfill:
+            batch = await _run(backfill, rows, "/v1/chat/completions")
+            fetched = await _rows(backfill, batch)
+    assert refused.status_code == 400, (validator_path, refused.text)
+    error = refused.json()["error"]
+    assert (error["line"], error["param"]) == (4, "body.messages[0].content[1].image_url.url")
+    assert "https://" in error["message"]
+    assert batch["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+    received = fetched["http"]["response"]["body"]["backfill_simulator"]["received"]
+    assert (received["images"], received["image_bytes"]) == (1, len(PNG))
+
+
+async def test_an_image_whose_bytes_are_not_its_type_ends_its_row(
+    tmp_path: Path, images: str
+) -> None:
+    async with (
+        running_simulator() as (url, _),
+        await _backfill(tmp_path, url, fetch_allow_private=True) as backfill,
+    ):
+        batch = await _run(
+            backfill,
+            [_chat("disguised", _image(f"{images}/disguised.png")), _chat("fine", _image(INLINE))],
+            "/v1/chat/completions",
+        )
+        rows = await _rows(backfill, batch)
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    error = rows["disguised"]["error"]
+    assert error["code"] == "image_fetch_failed"
+    assert "the body is not image/png" in error["message"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,6 +24,13 @@ from tests.tls_support import make_pki
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 IMAGES = ("image/png", "image/jpeg")
+# Bodies that begin as each image type does.
+SIGNED = {
+    "image/png": PNG,
+    "image/jpeg": b"\xff\xd8\xff\xe0\0\x10JFIF\0" + bytes(64),
+    "image/gif": b"GIF89a\x01\0\x01\0" + bytes(64),
+    "image/webp": b"RIFF\x24\0\0\0WEBPVP8 " + bytes(64),
+}
 
 
 @dataclass
@@ -56,6 +64,17 @@ def _app(server: ImageServer) -> web.Application:
 
     async def page(_: web.Request) -> web.Response:
         return web.Response(text="<html></html>", content_type="text/html")
+
+    async def signed(request: web.Request) -> web.Response:
+        content_type = f"image/{request.match_info['kind']}"
+        return web.Response(body=SIGNED[content_type], content_type=content_type)
+
+    async def disguised(_: web.Request) -> web.Response:
+        return web.Response(text="<html><body>not an image</body></html>", content_type="image/png")
+
+    async def gzipped(_: web.Request) -> web.Response:
+        # Compressed, with no Content-Encoding to say so.
+        return web.Response(body=gzip.compress(PNG), content_type="image/png")
 
     async def missing(_: web.Request) -> web.Response:
         return web.Response(status=404, text="not here")
@@ -104,6 +123,9 @@ def _app(server: ImageServer) -> web.Application:
     app.router.add_get("/image.png", image)
     app.router.add_get("/page.html", page)
     app.router.add_get("/missing", missing)
+    app.router.add_get("/signed/{kind}", signed)
+    app.router.add_get("/disguised.png", disguised)
+    app.router.add_get("/gzipped.png", gzipped)
     app.router.add_get("/big", big)
     app.router.add_get("/endless", endless)
     app.router.add_get("/slow", slow)
@@ -434,6 +456,25 @@ async def test_a_type_not_asked_for_is_refused(server: ImageServer) -> None:
         other = await refused(safe, server.url("/image.png"), ["image/jpeg"])
     assert message.endswith("the content type text/html is not one of image/jpeg, image/png")
     assert other.endswith("the content type image/png is not one of image/jpeg")
+
+
+async def test_an_image_is_fetched_only_when_its_bytes_begin_as_its_type(
+    server: ImageServer,
+) -> None:
+    # The 2026-12-05 review, Info: HTML served as image/png went on as data:image/png, and a
+    # gzip body without Content-Encoding stayed compressed.
+    async with fetcher(allow_private=True) as safe:
+        for content_type, data in SIGNED.items():
+            kind = content_type.split("/")[1]
+            media = await safe.fetch(server.url(f"/signed/{kind}"), SIGNED)
+            assert media == FetchedMedia(content_type=content_type, data=data)
+        page = await refused(safe, server.url("/disguised.png"))
+        packed = await refused(safe, server.url("/gzipped.png"))
+    for message, path in ((page, "disguised.png"), (packed, "gzipped.png")):
+        assert message == (
+            f"https://localhost:{server.port}/…: the body is not image/png: its first bytes are "
+            "not those of that type (a page, or a compressed body, sent as an image?)"
+        ), path
 
 
 async def test_an_error_status_is_refused_with_the_status(server: ImageServer) -> None:

@@ -12,7 +12,9 @@ from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import CHAT_URL, EMBEDDINGS_URL, RESPONSES_URL
 from backfill.domain.input_format import Limits, LineError, LineValidator, request_body
 from backfill.domain.media import (
+    IMAGE_TYPES,
     MediaLimits,
+    has_signature,
     inline_images,
     may_hold_remote_images,
     remote_image_urls,
@@ -323,3 +325,66 @@ def test_responses_remote_images_are_found() -> None:
     item = {"role": "user", "content": [{"type": "input_image", "image_url": "https://c/3.png"}]}
     body = request_body(orjson.dumps(response(input=[item])))
     assert remote_image_urls(body) == ["https://c/3.png"]
+
+
+# ---- plain http images where the operator allows them (the 2026-12-05 review, Info) -------
+
+
+def test_http_images_are_accepted_when_allowed() -> None:
+    allowed = Limits(
+        max_file_bytes=1 << 30,
+        max_lines=1000,
+        max_line_bytes=1 << 20,
+        media=MediaLimits(part_bytes=1000, line_bytes=1500, parts_per_line=3, allow_http=True),
+    )
+    LineValidator(allowed, CATALOG.get).check_lines(
+        [orjson.dumps(chat_parts(image("http://images.example/cat.png")))], 1
+    )
+    item = {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}
+    LineValidator(allowed, CATALOG.get).check_lines([orjson.dumps(response(input=[item]))], 1)
+    # Still no other scheme, and still a host.
+    for url, words in (("ftp://x/y.png", "http:// URL"), ("http:///nohost", "host")):
+        with pytest.raises(LineError) as info:
+            LineValidator(allowed, CATALOG.get).check_lines(
+                [orjson.dumps(chat_parts(image(url)))], 1
+            )
+        assert words in info.value.message
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5/x.png", "http:\\/\\/10.0.0.5/x.png"])
+def test_http_images_are_found_whatever_the_settings_say_now(url: str) -> None:
+    # A line uploaded while plain http was allowed is fetched (or refused) by Backfill when
+    # it runs; its URL never reaches an engine.
+    line = orjson.dumps(chat_parts(image("PLACEHOLDER"))).replace(b"PLACEHOLDER", url.encode())
+    assert may_hold_remote_images(line)
+    assert remote_image_urls(request_body(line)) == ["http://10.0.0.5/x.png"]
+
+
+# ---- the first bytes of a fetched image (the 2026-12-05 review, Info) ----------------------
+
+SIGNED = {
+    "image/png": b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
+    "image/jpeg": b"\xff\xd8\xff\xe0\0\x10JFIF\0",
+    "image/gif": b"GIF89a\x01\0\x01\0",
+    "image/webp": b"RIFF\x24\0\0\0WEBPVP8 ",
+}
+
+
+def test_every_image_type_has_a_signature_that_its_bytes_match() -> None:
+    assert set(SIGNED) == IMAGE_TYPES
+    for content_type, data in SIGNED.items():
+        assert has_signature(content_type, data)
+    assert has_signature("image/gif", b"GIF87a\x01\0")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"<!doctype html><html></html>",
+        b"\x1f\x8b\x08\0\0\0\0\0\0\x03",  # gzip, sent without Content-Encoding
+        b"",
+        b"RIFF\x24\0\0\0WAVEfmt ",
+    ],
+)
+def test_bytes_of_another_kind_do_not_pass_as_any_image(data: bytes) -> None:
+    assert not any(has_signature(content_type, data) for content_type in IMAGE_TYPES)

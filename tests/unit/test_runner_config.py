@@ -32,6 +32,8 @@ def test_every_field_comes_from_settings() -> None:
         validating_retry_max_s=45.0,
         prefix_locality=False,
         max_media_bytes_per_line=12345,
+        fetch_concurrency=3,
+        fetch_total_timeout_s=25.0,
         engine_down_log_interval_s=120.0,
     )
     config = WorkerConfig.from_settings(settings, sole_worker=True)
@@ -53,5 +55,7 @@ def test_every_field_comes_from_settings() -> None:
         validating_retry_max_s=45.0,
         prefix_locality=False,
         media_line_bytes=12345,
+        fetch_concurrency=3,
+        fetch_total_s=25.0,
         engine_down_log_interval_s=120.0,
     )

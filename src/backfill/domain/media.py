@@ -2,7 +2,8 @@
 remote images are swapped for the inline copies Backfill fetched when it runs (SPEC §10.4).
 
 Engines receive media inline only: a ``data:`` URL as the user sent it, or one Backfill made
-from an ``https`` URL it fetched itself, so no engine ever fetches a user's URL.
+from an ``https`` URL it fetched itself (``http`` too where the operator allows it), so no engine
+ever fetches a user's URL.
 """
 
 from __future__ import annotations
@@ -27,6 +28,26 @@ class MediaLimits:
     line_bytes: int = 16 * 1024 * 1024
     """Decoded bytes of all inline parts of one line."""
     parts_per_line: int = 32
+    allow_http: bool = False
+    """Whether an image URL may be plain ``http://`` (the fetch_allow_http setting)."""
+
+
+# How each image type's bytes begin. A fetched image whose bytes do not begin so is refused:
+# an HTML page or a compressed body served as an image must not reach an engine as one.
+_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
+    "image/png": lambda data: data.startswith(b"\x89PNG\r\n\x1a\n"),
+    "image/jpeg": lambda data: data.startswith(b"\xff\xd8\xff"),
+    "image/gif": lambda data: data.startswith((b"GIF87a", b"GIF89a")),
+    # A RIFF container whose form type is WEBP.
+    "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
+}
+
+
+def has_signature(content_type: str, data: bytes) -> bool:
+    """Whether ``data`` begins as a ``content_type`` image does (True for a type Backfill
+    knows no signature of)."""
+    matches = _SIGNATURES.get(content_type)
+    return matches is None or matches(data)
 
 
 class MediaError(ValueError):
@@ -65,8 +86,9 @@ def _decoded_size(data: str, where: str, limit: int) -> int:
 
 
 def check_image_url(url: Any, where: str, limits: MediaLimits) -> int:
-    """Check an image URL (``data:image/...;base64,...`` or ``https://...``); the inline bytes
-    it holds (0 for a remote image, fetched and checked when the request runs)."""
+    """Check an image URL (``data:image/...;base64,...``, ``https://...``, or ``http://...``
+    where allowed); the inline bytes it holds (0 for a remote image, fetched and checked
+    before the request reaches its engine)."""
     if not isinstance(url, str) or not url:
         raise MediaError("invalid_value", f"'{where}' must be a non-empty string URL.", where)
     if url.startswith("data:"):
@@ -86,14 +108,20 @@ def check_image_url(url: Any, where: str, limits: MediaLimits) -> int:
                 where,
             )
         return _decoded_size(data, where, limits.part_bytes)
-    if url.startswith("https://"):
-        if len(url) > MAX_URL_CHARS or not url[8:].split("/", 1)[0]:
+    scheme = "https" if url.startswith("https://") else "http" if url.startswith("http://") else ""
+    if scheme == "https" or (scheme == "http" and limits.allow_http):
+        if len(url) > MAX_URL_CHARS or not url[len(scheme) + 3 :].split("/", 1)[0]:
             raise MediaError(
                 "invalid_value",
-                f"'{where}' must be an https URL with a host, at most {MAX_URL_CHARS} characters.",
+                f"'{where}' must be an {scheme} URL with a host, at most {MAX_URL_CHARS} "
+                "characters.",
                 where,
             )
         return 0
+    if limits.allow_http:
+        raise MediaError(
+            "invalid_value", f"'{where}' must be a data: URL, an https:// or an http:// URL.", where
+        )
     raise MediaError(
         "invalid_value",
         f"'{where}' must be a data: URL or an https:// URL; Backfill fetches only public HTTPS "
@@ -159,17 +187,21 @@ class LineMedia:
 # ---- remote images, when a request runs ------------------------------------------------------
 
 _ITEMS = msgspec.json.Decoder(list[Any])
+_REMOTE = ("https://", "http://")
 
 
 def may_hold_remote_images(raw: bytes) -> bool:
-    """Whether JSON text ``raw`` can hold a string starting ``https://``: it does so literally,
-    or spells it with escapes (``\\u0068ttps:\\/\\/``), which need ``\\u`` or ``\\/``.
-    A quick scan that rules most lines out; the others are decoded and walked."""
-    return b'"https://' in raw or b"\\u" in raw or b"\\/" in raw
+    """Whether JSON text ``raw`` can hold a string starting ``https://`` or ``http://``: it
+    does so literally (``"http`` starts both), or spells it with escapes
+    (``\\u0068ttps:\\/\\/``), which need ``\\u`` or ``\\/``. A quick scan that rules most
+    lines out; the others are decoded and walked."""
+    return b'"http' in raw or b"\\u" in raw or b"\\/" in raw
 
 
 def remote_image_urls(body: Mapping[str, Any]) -> list[str]:
-    """The https image URLs of a chat or Responses body (its fields as ``msgspec.Raw``)."""
+    """The remote (``https`` or ``http``) image URLs of a chat or Responses body (its fields
+    as ``msgspec.Raw``). Both are found whatever the settings say now: a line uploaded while
+    plain http was allowed must still never reach an engine with its URL."""
     urls: list[str] = []
 
     def collect(url: str) -> str:
@@ -190,7 +222,7 @@ def data_url(content_type: str, data: bytes) -> str:
 
 
 def _walk(body: Mapping[str, Any], swap: Callable[[str], str]) -> dict[str, Any]:
-    """Apply ``swap`` to each https image URL; only fields that held one are re-encoded, so
+    """Apply ``swap`` to each remote image URL; only fields that held one are re-encoded, so
     the rest of the body still goes to the engine as the user wrote it."""
     out = dict(body)
     for name in ("messages", "input"):
@@ -203,7 +235,7 @@ def _walk(body: Mapping[str, Any], swap: Callable[[str], str]) -> dict[str, Any]
         changed = False
         for holder, key in _image_urls(items):
             url = holder[key]
-            if isinstance(url, str) and url.startswith("https://"):
+            if isinstance(url, str) and url.startswith(_REMOTE):
                 holder[key] = swap(url)
                 changed = changed or holder[key] != url
         if changed:

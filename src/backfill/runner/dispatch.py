@@ -4,21 +4,44 @@ The claim chooses what runs next (fair across orgs, earliest deadline first), so
 never lists batches. Orgs whose GPU-time work waits for credit (SPEC §7.4) start nothing.
 Replicas (engines serving the same models) claim together, and each line goes to the replica
 its prompt prefix hashes to (``domain/locality.py``), lines of one prefix back to back.
+A line with remote images fetches them in the fetch pool before it is queued for its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from backfill.domain.catalog import Billing
+from backfill.domain.input_format import request_body
 from backfill.domain.locality import assign, prefix_key
+from backfill.domain.media import may_hold_remote_images, remote_image_urls
 from backfill.domain.records import WorkBatch
 from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
 from backfill.runner.leases import Leases
 from backfill.runner.loops import Pace
+
+# A line the full fetch pool turned away is claimable again after this long. At once, the next
+# claim (for a line of another org, say) would bring it back to be turned away again, each
+# time a write, while the pool stays full.
+TURNED_AWAY_S = 1.0
+
+
+class FetchFirst(Protocol):
+    """Fetches a request's remote images holding no engine slot, then hands it to ``then``;
+    False when there is no room to (``RequestRunner.fetch_first``)."""
+
+    def __call__(
+        self,
+        slot: EngineSlot,
+        queued: Queued,
+        body: dict[str, Any],
+        then: Callable[[Queued], None],
+    ) -> bool: ...
 
 
 class Dispatcher:
@@ -35,7 +58,11 @@ class Dispatcher:
         gather_s: float,
         idle_poll_s: float | None = None,
         locality: bool = True,
+        fetch_first: FetchFirst | None = None,
     ) -> None:
+        """``fetch_first``: where lines with remote images go before their slot (without it,
+        they are queued for their slot like the others)."""
+        self._fetch_first = fetch_first
         self._queue = queue
         self._ledger = ledger
         self._blobs = blobs
@@ -113,8 +140,46 @@ class Dispatcher:
         if slot.wanted < slot.claim_threshold:
             return 0
         queued = await self._claim(slot.engine.models, slot.wanted)
-        slot.offer(queued)
-        return len(queued)
+        if self._fetch_first is None:
+            slot.offer(queued)
+            return len(queued)
+        return self._hand_over(slot, queued, await _lines(queued))
+
+    def _hand_over(self, slot: EngineSlot, queued: list[Queued], lines: list[bytes]) -> int:
+        """Queue claimed requests for their slot, those whose lines hold remote images once
+        the fetch pool has fetched them; how many this worker kept. A request the full pool
+        turns away goes back to the queue for ``TURNED_AWAY_S``, and is not counted: it
+        found nothing to do here. The pool wakes the dispatcher when it has room again."""
+        fetch_first = self._fetch_first
+        ready: list[Queued] = []
+        turned_away: list[Queued] = []
+        for q, line in zip(queued, lines, strict=True):
+            if fetch_first is None or not line:
+                ready.append(q)  # a line not read: its request meets the failure
+                continue
+            try:
+                body = request_body(line)
+            except Exception:
+                ready.append(q)  # its request meets the failure and handles it
+                continue
+            # Read and decoded once, here: the request takes its body to the slot.
+            if not may_hold_remote_images(line) or not remote_image_urls(body):
+                ready.append(Queued(q.batch, q.item, q.input, body))
+            elif not fetch_first(slot, q, body, functools.partial(self._fetched, slot)):
+                turned_away.append(q)
+        if turned_away:
+            self._leases.release_soon(turned_away, self._clock.now() + TURNED_AWAY_S)
+            slot.wake_in(TURNED_AWAY_S)
+        slot.offer(ready)
+        return len(queued) - len(turned_away)
+
+    def _fetched(self, slot: EngineSlot, queued: Queued) -> None:
+        """A request whose images were fetched goes ahead of its slot's backlog, unless its
+        org was paused meanwhile (then its lease goes back like the backlog's)."""
+        if self._is_paused(queued.batch):
+            self._leases.release_soon([queued])
+        else:
+            slot.offer_first(queued)
 
     async def _claim_for_replicas(self, slots: list[EngineSlot]) -> int:
         """One claim for replicas of the same models, each line sent where its prefix goes."""
@@ -122,19 +187,21 @@ class Dispatcher:
         if sum(wanted) < min(slot.claim_threshold for slot in slots):
             return 0
         queued = await self._claim(slots[0].engine.models, sum(wanted))
-        keys = await asyncio.gather(*(_key(q) for q in queued))
-        ordered = sorted(zip(keys, queued, strict=True), key=lambda pair: pair[0])
+        lines = await _lines(queued)
+        keys = [prefix_key(line) for line in lines]
+        ordered = sorted(zip(keys, queued, lines, strict=True), key=lambda triple: triple[0])
         # A replica may take up to one more prefetch's worth than it wants, so a prefix is
         # not sent elsewhere (and missed in its cache) for want of one slot this round; its
         # backlog stays bounded, and the others claim again as soon as they want more.
         room = [w + slot.prefetch for w, slot in zip(wanted, slots, strict=True)]
-        picks = assign([k for k, _ in ordered], [s.engine.name for s in slots], room)
-        shares: list[list[Queued]] = [[] for _ in slots]
-        for pick, (_, q) in zip(picks, ordered, strict=True):
-            shares[pick].append(q)
+        picks = assign([k for k, _, _ in ordered], [s.engine.name for s in slots], room)
+        shares: list[list[tuple[Queued, bytes]]] = [[] for _ in slots]
+        for pick, (_, q, line) in zip(picks, ordered, strict=True):
+            shares[pick].append((q, line))
+        kept = 0
         for slot, share in zip(slots, shares, strict=True):
-            slot.offer(share)
-        return len(queued)
+            kept += self._hand_over(slot, [q for q, _ in share], [line for _, line in share])
+        return kept
 
     def wake(self) -> None:
         """Claim now: lines just went back to the queue."""
@@ -161,11 +228,16 @@ class Dispatcher:
             self._leases.release_soon(slot.drop(where))
 
 
-async def _key(queued: Queued) -> bytes:
-    """The line's prefix key; a line that cannot be read yet gets the empty prefix's (its
-    request meets the failure again and handles it like any other)."""
-    try:
-        line = await queued.input.line(queued.item)
-    except Exception:
-        line = b""
-    return prefix_key(line)
+async def _lines(queued: Sequence[Queued]) -> list[bytes]:
+    """Each request's line; b"" for one that cannot be read yet (its request meets the
+    failure again and handles it like any other). Its request needs it next anyway, and a
+    claim's lines are one read, started for every claim before any is waited for."""
+    for q in queued:
+        q.input.read_soon()
+    lines: list[bytes] = []
+    for q in queued:
+        try:
+            lines.append(await q.input.line(q.item))
+        except Exception:
+            lines.append(b"")
+    return lines

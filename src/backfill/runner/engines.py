@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.domain.engine_health import EngineState, HealthTracker, Note, NoteKind
@@ -23,11 +23,13 @@ log = logging.getLogger("backfill.runner")
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """A claimed request waiting for a free slot of its engine."""
+    """A claimed request waiting for a free slot of its engine; ``body``, when set, is what
+    its engine is sent (decoded before the slot, its remote images already inline)."""
 
     batch: WorkBatch
     item: ClaimedItem
     input: ClaimInput
+    body: dict[str, Any] | None = None
 
 
 Start = Callable[["EngineSlot", Queued], None]
@@ -176,6 +178,12 @@ class EngineSlot:
     def offer(self, queued: Iterable[Queued]) -> None:
         """Queue claimed requests; as many as there are free slots start now."""
         self._backlog.extend(queued)
+        self._fill()
+
+    def offer_first(self, queued: Queued) -> None:
+        """Queue a request ahead of the backlog: it was claimed before the backlog was, and
+        only waited for its images (or a free slot starts it now)."""
+        self._backlog.appendleft(queued)
         self._fill()
 
     def done(self) -> None:

@@ -22,13 +22,17 @@ class ClaimInput:
         self._end = max(item.offset + item.length for item in claim.items)
         self._read: asyncio.Future[bytes] | None = None
 
-    async def line(self, item: ClaimedItem) -> bytes:
+    def read_soon(self) -> asyncio.Future[bytes]:
+        """Start the read (once); its future."""
         if self._read is None:
             self._read = asyncio.ensure_future(self._blobs.read(self._key, self._start, self._end))
             # Retrieved here too, so a read whose requests were all dropped logs nothing.
             self._read.add_done_callback(_retrieve)
+        return self._read
+
+    async def line(self, item: ClaimedItem) -> bytes:
         # Shielded: one request cancelled must not cancel the read its siblings wait on.
-        data = await asyncio.shield(self._read)
+        data = await asyncio.shield(self.read_soon())
         start = item.offset - self._start
         return data[start : start + item.length]
 

@@ -32,10 +32,10 @@ class Leases:
         except Exception:
             self._unreleased[(batch_id, idx)] = not_before
 
-    def release_soon(self, dropped: Iterable[Queued]) -> None:
+    def release_soon(self, dropped: Iterable[Queued], not_before: float | None = None) -> None:
         """Give back the leases of requests taken out of a backlog, without waiting."""
         for queued in dropped:
-            task = asyncio.create_task(self.release(queued.batch.id, queued.item.idx, None))
+            task = asyncio.create_task(self.release(queued.batch.id, queued.item.idx, not_before))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 

@@ -79,7 +79,9 @@ class Lifecycle:
                 await self._requests.abandon(batch.id)
                 self._finalize(batch, status, BatchStatus.EXPIRED, closing="batch_expired")
             elif status == BatchStatus.CANCELLING:
-                # A cancel waits for the requests that run (here or in another worker).
+                # A cancel waits for the requests that run (here or in another worker), not
+                # for those still fetching images: none of them reached an engine.
+                await self._requests.stop_fetching(batch.id)
                 if not self._requests.busy(batch.id) and not await self._queue.live_leases(
                     batch.id, now
                 ):

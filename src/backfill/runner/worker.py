@@ -42,6 +42,7 @@ from backfill.runner.engines import (
     Switch,
 )
 from backfill.runner.failures import WorkerFailures
+from backfill.runner.fetch_pool import FetchPool
 from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
 from backfill.runner.leases import Leases
@@ -89,6 +90,10 @@ class WorkerConfig:
     prefix_locality: bool
     # All of a request's fetched https images together (max_media_bytes_per_line).
     media_line_bytes: int
+    # Requests that fetch their remote images at once, holding no engine slot, and the most
+    # one request's images may take together.
+    fetch_concurrency: int
+    fetch_total_s: float
     # While an engine stays down its warning is logged again this often; a flapping engine's
     # outages with one reason are not warned about more often.
     engine_down_log_interval_s: float
@@ -113,6 +118,8 @@ class WorkerConfig:
             validating_retry_max_s=settings.validating_retry_max_s,
             prefix_locality=settings.prefix_locality,
             media_line_bytes=settings.max_media_bytes_per_line,
+            fetch_concurrency=settings.fetch_concurrency,
+            fetch_total_s=settings.fetch_total_timeout_s,
             engine_down_log_interval_s=settings.engine_down_log_interval_s,
         )
 
@@ -180,6 +187,7 @@ class Worker:
         # run; with none, the loop sleeps until one starts (an hour at most).
         self._charge_pace = Pace(config.gpu_time_flush_s, _CHARGE_IDLE_S)
         meter.on_begin = self._charge_pace.hurry
+        fetches = FetchPool(config.fetch_concurrency) if media is not None else None
         self._requests = RequestRunner(
             attempts=Attempts(
                 RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_max_s),
@@ -196,6 +204,8 @@ class Worker:
             retry_max_s=config.retry_max_s,
             media=media,
             media_line_bytes=config.media_line_bytes,
+            fetches=fetches,
+            fetch_total_s=config.fetch_total_s,
         )
         self._pool = EnginePool(
             engines,
@@ -214,6 +224,9 @@ class Worker:
             heartbeat_s=config.lease_s / 3,
         )
         self._pool.on_health_change = self._reports.changed
+        if fetches is not None:
+            # Room in the fetch pool again: lines it turned away can be claimed back.
+            fetches.on_free = self._pool.wake
         self._on_demand = OnDemand(self._pool, store, now=clock.now)
         # While every engine started on demand is stopped, the queue is asked less and less
         # often whether work waits for one; a batch created here asks at once.
@@ -229,6 +242,7 @@ class Worker:
             gather_s=config.dispatch_gather_s,
             idle_poll_s=config.idle_poll_s,
             locality=config.prefix_locality,
+            fetch_first=self._requests.fetch_first if fetches is not None else None,
         )
         self._charger = GpuCharger(meter, store, self._dispatcher.pause)
         finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s, config.lease_s)

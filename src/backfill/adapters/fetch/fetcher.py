@@ -14,6 +14,7 @@ from backfill.adapters.fetch.policy import FetchPolicy, Refused
 from backfill.adapters.fetch.resolver import Lookup, system_lookup
 from backfill.adapters.fetch.safe_client import SafeClient
 from backfill.adapters.fetch.urls import shown
+from backfill.domain.media import has_signature
 from backfill.ports import FetchedMedia, MediaFetchFailed
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -99,7 +100,13 @@ class SafeFetcher:
             body += chunk
             if len(body) > limit:
                 raise Refused(too_large)
-        return FetchedMedia(content_type=content_type, data=bytes(body))
+        data = bytes(body)
+        if not has_signature(content_type, data):
+            raise Refused(
+                f"the body is not {content_type}: its first bytes are not those of that type "
+                "(a page, or a compressed body, sent as an image?)"
+            )
+        return FetchedMedia(content_type=content_type, data=data)
 
     async def close(self) -> None:
         await self._client.close()
