@@ -68,10 +68,15 @@ def write_input(path: Path, lines: int, max_tokens: int = 64) -> int:
 
 
 def sim_config(
-    path: Path, sim_url: str, concurrency: int, extra: str = "", engine: str = ""
+    path: Path,
+    sim_url: str,
+    concurrency: int,
+    extra: str = "",
+    engine: str = "",
+    modalities: tuple[str, ...] = ("text",),
 ) -> Path:
     """Settings for one simulated engine; ``extra`` top-level lines, ``engine`` more lines of
-    the engine's table."""
+    the engine's table, ``modalities`` what the model takes."""
     path.write_text(
         f"""
 local_engine = false
@@ -83,6 +88,7 @@ id = "{MODEL}"
 model_config_id = "sim-model-v1"
 context_length = 8192
 max_output_tokens = 4096
+modalities = {list(modalities)!r}
 batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
 
 [[engines]]

@@ -31,7 +31,7 @@ import httpx
 import orjson
 from aiohttp import web
 
-from bench.common import MODEL, start_backfill, start_simulator, stop
+from bench.common import MODEL, sim_config, start_backfill, start_simulator, stop
 from tests.tls_support import make_pki
 
 SLOTS = 4
@@ -94,32 +94,14 @@ class TrickleHost:
 
 
 def config(path: Path, sim_url: str, ca: Path, extra: str = "") -> Path:
-    path.write_text(
-        f"""
-local_engine = false
+    fetch = f"""
 admin_token = "{ADMIN_TOKEN}"
 fetch_timeout_s = {FETCH_TIMEOUT_S}
 fetch_allowed_networks = ["127.0.0.0/8"]
 fetch_ca_file = "{ca}"
 {extra}
-
-[[models]]
-id = "{MODEL}"
-model_config_id = "sim-model-v1"
-context_length = 8192
-max_output_tokens = 4096
-modalities = ["text", "image"]
-batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
-
-[[engines]]
-name = "sim"
-base_url = "{sim_url}"
-models = ["{MODEL}"]
-max_concurrency = {SLOTS}
-request_timeout_s = 60
 """
-    )
-    return path
+    return sim_config(path, sim_url, SLOTS, fetch, modalities=("text", "image"))
 
 
 def line(custom_id: str, images: list[str]) -> dict[str, Any]:

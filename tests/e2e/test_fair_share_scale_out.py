@@ -15,16 +15,17 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 
 from tests.support import (
+    ADMIN_TOKEN,
+    Api,
     SimulatorProcess,
     chat_line,
     free_port,
-    jsonl,
     serve_role,
     stop_all,
     wait_http,
@@ -33,53 +34,13 @@ from tests.support import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-TOKEN = "admin-token-for-the-fair-share-e2e-0123456789"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 BACKLOG = 50_000
 HEAVY = 4_000
 SMALL = 1_000
 
 
-class Api:
-    def __init__(self, port: int) -> None:
-        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120)
-
-    async def org(self, name: str, weight: int) -> dict[str, str]:
-        """Create an org with credit and this weight; its API headers."""
-        assert (
-            await self.client.post("/admin/v1/orgs", json={"name": name}, headers=ADMIN)
-        ).is_success
-        key = await self.client.post("/admin/v1/keys", json={"org": name}, headers=ADMIN)
-        assert key.status_code == 200, key.text
-        credit = {"org": name, "usd": "1000"}
-        assert (await self.client.post("/admin/v1/credits", json=credit, headers=ADMIN)).is_success
-        patched = await self.client.patch(
-            f"/admin/v1/orgs/{name}", json={"weight": weight}, headers=ADMIN
-        )
-        assert patched.json()["weight"] == weight, patched.text
-        return {"Authorization": f"Bearer {key.json()['key']}"}
-
-    async def submit(self, headers: dict[str, str], name: str, lines: int) -> str:
-        rows = [chat_line(f"{name}-{i}", f"{name} {i}") for i in range(lines)]
-        uploaded = await self.client.post(
-            "/v1/files",
-            data={"purpose": "batch"},
-            files={"file": ("in.jsonl", jsonl(rows), "application/jsonl")},
-            headers=headers,
-        )
-        assert uploaded.status_code == 200, uploaded.text
-        created = await self.client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": uploaded.json()["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-            headers=headers,
-        )
-        assert created.status_code == 200, created.text
-        batch_id: str = created.json()["id"]
-        return batch_id
+def named_rows(name: str, lines: int) -> list[dict[str, Any]]:
+    return [chat_line(f"{name}-{i}", f"{name} {i}") for i in range(lines)]
 
 
 async def finished_at(db: asyncpg.Connection, batch_id: str, nth: int) -> float | None:
@@ -125,7 +86,7 @@ async def test_three_workers_share_by_weight_and_a_small_batch_gets_its_share(
 database_url = "{pg_url}"
 storage_url = "file://{tmp_path / "blobs"}"
 master_key = "{base64.b64encode(os.urandom(32)).decode()}"
-admin_token = "{TOKEN}"
+admin_token = "{ADMIN_TOKEN}"
 plan_interval_s = 0.5
 """,
     )
@@ -143,8 +104,8 @@ plan_interval_s = 0.5
 
         # 1:3 while both have work: count each org's requests between the moment the heavy
         # batch exists and the moment 85% of it is done.
-        backlog = await api.submit(light, "light", BACKLOG)
-        big = await api.submit(heavy, "heavy", HEAVY)
+        backlog = await api.submit(light, named_rows("light", BACKLOG))
+        big = await api.submit(heavy, named_rows("heavy", HEAVY))
         start = time.time()
         end = await wait_for(db, big, int(HEAVY * 0.85))
         got_light = await served_between(db, backlog, start, end)
@@ -157,7 +118,7 @@ plan_interval_s = 0.5
         # The heavy batch ends; the light backlog still holds tens of thousands of requests.
         await wait_for(db, big, HEAVY)
         submitted = time.time()
-        small = await api.submit(late, "late", SMALL)
+        small = await api.submit(late, named_rows("late", SMALL))
         done = await wait_for(db, small, SMALL)
         ahead = await served_between(db, backlog, submitted, done)
         assert await finished_at(db, backlog, BACKLOG) is None, "the backlog must outlast it"

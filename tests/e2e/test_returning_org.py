@@ -13,12 +13,15 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.e2e.test_fair_share_scale_out import TOKEN, Api
 from tests.support import (
+    ADMIN_TOKEN,
+    Api,
     SimulatorProcess,
+    chat_line,
     create_pg_database,
     drop_pg_database,
     free_port,
@@ -42,7 +45,7 @@ async def deployment(
 ) -> AsyncIterator[Api]:
     """The API of a Backfill with the admin API on: one process on SQLite, or an API and three
     workers on PostgreSQL."""
-    settings = f'admin_token = "{TOKEN}"\nplan_interval_s = 0.5\n'
+    settings = f'admin_token = "{ADMIN_TOKEN}"\nplan_interval_s = 0.5\n'
     if request.param == "sqlite":
         server = start_server_process(
             tmp_path, fast_sim.base_url, max_concurrency=8, extra=settings
@@ -78,28 +81,24 @@ master_key = "{base64.b64encode(os.urandom(32)).decode()}"
         await drop_pg_database(pg_url)
 
 
-async def counts(api: Api, headers: dict[str, str], batch_id: str) -> dict[str, int]:
-    got = await api.client.get(f"/v1/batches/{batch_id}", headers=headers)
-    assert got.status_code == 200, got.text
-    batch = got.json()
+def lines(name: str, n: int) -> list[dict[str, Any]]:
+    return [chat_line(f"{name}-{i}", f"{name} {i}") for i in range(n)]
+
+
+async def completed(api: Api, headers: dict[str, str], batch_id: str) -> int:
+    batch = await api.batch(headers, batch_id)
     assert batch["status"] not in {"failed", "expired", "cancelled"}, batch
-    request_counts: dict[str, int] = batch["request_counts"]
-    return request_counts
+    done: int = batch["request_counts"]["completed"]
+    return done
 
 
-async def reach(api: Api, headers: dict[str, str], batch_id: str, completed: int) -> None:
-    deadline = time.monotonic() + 60
-    while (await counts(api, headers, batch_id))["completed"] < completed:
-        assert time.monotonic() < deadline, f"{batch_id} did not reach {completed} in 60s"
-        await asyncio.sleep(0.05)
-
-
-async def finish(api: Api, headers: dict[str, str], batch_id: str, timeout_s: float = 120) -> None:
+async def reach(
+    api: Api, headers: dict[str, str], batch_id: str, count: int, timeout_s: float = 120
+) -> None:
+    """Wait until ``count`` of the batch's requests completed."""
     deadline = time.monotonic() + timeout_s
-    while (await api.client.get(f"/v1/batches/{batch_id}", headers=headers)).json()[
-        "status"
-    ] != "completed":
-        assert time.monotonic() < deadline, f"{batch_id} did not complete in {timeout_s}s"
+    while await completed(api, headers, batch_id) < count:
+        assert time.monotonic() < deadline, f"{batch_id} did not reach {count} in {timeout_s}s"
         await asyncio.sleep(0.05)
 
 
@@ -107,15 +106,15 @@ async def test_a_returning_org_moves_in_step_at_once(deployment: Api) -> None:
     api = deployment
     back = await api.org("back", 1)
     busy = await api.org("busy", 1)
-    await finish(api, back, await api.submit(back, "history", HISTORY))
+    await reach(api, back, await api.submit(back, lines("history", HISTORY)), HISTORY)
 
     # The busy org is new to the model: its lane starts from nothing while no other is busy.
-    backlog = await api.submit(busy, "busy", BUSY)
+    backlog = await api.submit(busy, lines("busy", BUSY))
     await reach(api, busy, backlog, 100)
-    before = (await counts(api, busy, backlog))["completed"]
-    await finish(api, back, await api.submit(back, "back", RETURNING))
-    ahead = (await counts(api, busy, backlog))["completed"] - before
-    assert (await counts(api, busy, backlog))["completed"] < BUSY, "the backlog must outlast it"
+    before = await completed(api, busy, backlog)
+    await reach(api, back, await api.submit(back, lines("back", RETURNING)), RETURNING)
+    ahead = await completed(api, busy, backlog) - before
+    assert before + ahead < BUSY, "the backlog must outlast it"
     # At equal weights the returning lines need 2 x RETURNING of the model's requests. Owed its
     # history, the org would wait for about HISTORY of the other's first (ratio about 5.5).
     ratio = (ahead + RETURNING) / (2 * RETURNING)

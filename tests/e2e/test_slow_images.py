@@ -18,19 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
 
 from bench.common import spawn_up
-from tests.e2e.test_fair_share_scale_out import TOKEN, Api
 from tests.support import (
+    ADMIN_TOKEN,
     SIM_MODEL,
+    Api,
     ServerProcess,
     SimulatorProcess,
     chat_line,
     free_port,
-    jsonl,
     wait_http,
 )
 from tests.tls_support import make_pki
@@ -100,7 +99,7 @@ def server(tmp_path: Path, fast_sim: SimulatorProcess) -> Iterator[ServerProcess
         f"""
 local_engine = false
 lease_s = 5.0
-admin_token = "{TOKEN}"
+admin_token = "{ADMIN_TOKEN}"
 fetch_timeout_s = 3.0
 fetch_allowed_networks = ["127.0.0.0/8"]
 fetch_ca_file = "{ca}"
@@ -146,48 +145,13 @@ def image_line(base: str, i: int) -> dict[str, Any]:
     return line
 
 
-async def submit(api: Api, headers: dict[str, str], rows: list[dict[str, Any]]) -> str:
-    uploaded = await api.client.post(
-        "/v1/files",
-        data={"purpose": "batch"},
-        files={"file": ("in.jsonl", jsonl(rows), "application/jsonl")},
-        headers=headers,
-    )
-    assert uploaded.status_code == 200, uploaded.text
-    created = await api.client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": uploaded.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-        headers=headers,
-    )
-    assert created.status_code == 200, created.text
-    batch_id: str = created.json()["id"]
-    return batch_id
-
-
-async def batch(api: Api, headers: dict[str, str], batch_id: str) -> dict[str, Any]:
-    got = await api.client.get(f"/v1/batches/{batch_id}", headers=headers)
-    assert got.status_code == 200, got.text
-    found: dict[str, Any] = got.json()
-    return found
-
-
-async def rows(api: Api, headers: dict[str, str], file_id: str) -> list[dict[str, Any]]:
-    got = await api.client.get(f"/v1/files/{file_id}/content", headers=headers)
-    assert got.status_code == 200, got.text
-    return [orjson.loads(line) for line in got.content.splitlines()]
-
-
 async def test_plain_lines_are_not_paced_by_another_orgs_slow_images(
     server: ServerProcess, trickle_host: TrickleHost
 ) -> None:
     api = Api(server.port)
     slow = await api.org("slow-images", 1)
     plain = await api.org("plain", 1)
-    slow_id = await submit(api, slow, [image_line(trickle_host.base, i) for i in range(LINES)])
+    slow_id = await api.submit(slow, [image_line(trickle_host.base, i) for i in range(LINES)])
     # Org A's lines are fetching: every engine slot would be theirs if fetches held slots.
     deadline = time.monotonic() + 30
     while trickle_host.sending < 4:
@@ -195,9 +159,9 @@ async def test_plain_lines_are_not_paced_by_another_orgs_slow_images(
         await asyncio.sleep(0.02)
 
     started = time.monotonic()
-    plain_id = await submit(api, plain, [chat_line(f"b-{i}") for i in range(LINES)])
+    plain_id = await api.submit(plain, [chat_line(f"b-{i}") for i in range(LINES)])
     while True:
-        a, b = await batch(api, slow, slow_id), await batch(api, plain, plain_id)
+        a, b = await api.batch(slow, slow_id), await api.batch(plain, plain_id)
         if b["status"] == "completed" or a["request_counts"]["completed"] > 0:
             break
         assert time.monotonic() - started < 120, (a["request_counts"], b["request_counts"])
@@ -214,11 +178,11 @@ async def test_plain_lines_are_not_paced_by_another_orgs_slow_images(
 
     # A's lines end too, each once, every image inline.
     deadline = time.monotonic() + 120
-    while (a := await batch(api, slow, slow_id))["status"] != "completed":
+    while (a := await api.batch(slow, slow_id))["status"] != "completed":
         assert time.monotonic() < deadline, a["request_counts"]
         await asyncio.sleep(0.2)
     assert a["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
-    out = await rows(api, slow, a["output_file_id"])
+    out = await api.rows(slow, a["output_file_id"])
     assert sorted(row["custom_id"] for row in out) == sorted(f"a-{i}" for i in range(LINES))
     for row in out:
         received = row["response"]["body"]["backfill_simulator"]["received"]
