@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill.adapters.engines.simulator import Simulator
+from backfill.simulator.server import Simulator
 from tests.support import (
     InProcess,
     ServerProcess,

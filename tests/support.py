@@ -27,11 +27,11 @@ from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import Backfill, build
 from backfill.domain.money import usd_to_pico
 from backfill.ports import Clock, Engine
 from backfill.settings import EngineSettings, ModelSettings, PricingSettings, Settings
+from backfill.simulator.server import Simulator, SimulatorConfig
 from bench.common import spawn_up
 
 T = TypeVar("T")

@@ -32,11 +32,11 @@ from backfill.adapters.http.app import create_app
 from backfill.adapters.notify.smtp import SmtpMailer, SmtpSettings
 from backfill.adapters.notify.webhooks import SignedWebhooks
 from backfill.adapters.private import private_dir, tighten_file
-from backfill.domain.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.domain.media import MediaLimits
 from backfill.domain.notifications import RetrySchedule
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine, PressureProbe, Sealer
 from backfill.runner.engines import Sharing

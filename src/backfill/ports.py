@@ -12,7 +12,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
-from backfill.domain.concurrency import Pressure
 from backfill.domain.engine_health import EngineReport
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
@@ -24,7 +23,6 @@ from backfill.domain.overview import (
     OrgAccount,
     OrgCredit,
 )
-from backfill.domain.planning import Plan, PlanInputs
 from backfill.domain.progress import BatchProgress
 from backfill.domain.records import (
     Admission,
@@ -43,6 +41,8 @@ from backfill.domain.records import (
     StoredResult,
 )
 from backfill.domain.result_cursor import PagedResult, ResultCursor
+from backfill.domain.scheduling.concurrency import Pressure
+from backfill.domain.scheduling.planning import Plan, PlanInputs
 
 
 class Clock(Protocol):

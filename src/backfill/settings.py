@@ -17,9 +17,9 @@ from pydantic_settings import (
 )
 
 from backfill.domain.catalog import CatalogModel
-from backfill.domain.concurrency import Mode
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS, EMBEDDINGS_URL
 from backfill.domain.money import Prices
+from backfill.domain.scheduling.concurrency import Mode
 
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL_ENGINE = "local-llama-cpp"

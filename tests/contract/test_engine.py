@@ -20,8 +20,8 @@ from aiohttp import web
 
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine, parse_retry_after
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.ports import Engine, EngineDiagnostics, EngineTimeout, EngineUnreachable
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import free_port, running_simulator
 from tests.tls_support import make_pki
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.domain.money import usd_to_pico
 from backfill.services.tenants import READ, SCOPES, WRITE
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     TERMINAL,
     InProcess,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.domain.progress import MAX_POINTS
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.integration.test_auth import READ_ONLY, error_of, other_org_key
 from tests.integration.test_cancel_expiry import get_batch, submit
 from tests.support import (

@@ -17,8 +17,8 @@ import pytest
 
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.settings import DeploymentSettings
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
     InProcess,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backfill.adapters.engines.simulator import SimulatorConfig
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, token_charge, usd_to_pico
+from backfill.simulator.server import SimulatorConfig
 from tests.support import SIM_MODEL, InProcess, chat_line, in_process_backfill, running_simulator
 
 EXAMPLE = (

@@ -25,12 +25,12 @@ import backfill.services.batches
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.db import tables as t
-from backfill.adapters.engines.simulator import Simulator
 from backfill.domain.chunks import chunked
 from backfill.domain.files import ACCEPTED_INPUT_GRACE_S
 from backfill.errors import StorageError
 from backfill.services.batches import BatchStarter
 from backfill.settings import Settings
+from backfill.simulator.server import Simulator
 from tests.support import (
     InProcess,
     assert_exactly_once,

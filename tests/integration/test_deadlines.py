@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.services.tenants import SCOPES
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
     STARTING_CREDIT_USD,

@@ -23,10 +23,10 @@ import pytest
 import uvicorn
 
 from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG
-from backfill.adapters.engines.simulator import Simulator
 from backfill.adapters.http import download
 from backfill.adapters.http.server import server_config
 from backfill.container import build
+from backfill.simulator.server import Simulator
 from tests.support import (
     S3_CREDENTIALS,
     InProcess,

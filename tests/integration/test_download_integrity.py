@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG
-from backfill.adapters.engines.simulator import Simulator
 from backfill.container import build
+from backfill.simulator.server import Simulator
 from tests.support import (
     S3_CREDENTIALS,
     InProcess,

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from starlette.types import ASGIApp, Message
 
-from backfill.adapters.engines.simulator import Simulator
+from backfill.simulator.server import Simulator
 from tests.support import InProcess, chat_line, in_process_backfill, jsonl
 
 Sim = tuple[str, Simulator]

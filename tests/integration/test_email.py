@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from backfill.adapters.engines.simulator import Simulator
+from backfill.simulator.server import Simulator
 from tests.integration.test_webhooks import settled
 from tests.receivers import smtp_server
 from tests.support import chat_line, in_process_backfill

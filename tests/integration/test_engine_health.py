@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import build
 from backfill.domain.engine_health import EngineState
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
     InProcess,

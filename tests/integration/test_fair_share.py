@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from backfill.adapters.engines.simulator import SimulatorConfig
 from backfill.domain.records import BatchRecord
 from backfill.services.tenants import SCOPES
+from backfill.simulator.server import SimulatorConfig
 from tests.support import (
     STARTING_CREDIT_USD,
     InProcess,

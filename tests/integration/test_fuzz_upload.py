@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backfill.adapters.engines.simulator import SimulatorConfig
+from backfill.simulator.server import SimulatorConfig
 from tests.support import (
     TERMINAL,
     InProcess,

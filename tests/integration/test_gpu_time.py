@@ -25,7 +25,6 @@ from sqlalchemy import select
 from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import build
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import (
@@ -40,6 +39,7 @@ from backfill.ports import Clock, Engine
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.services.tenants import SCOPES
 from backfill.settings import DeploymentSettings, EngineSettings
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
     TERMINAL,

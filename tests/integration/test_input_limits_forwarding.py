@@ -7,7 +7,7 @@ fails inside Backfill because an encoder refuses it.
 
 from __future__ import annotations
 
-from backfill.adapters.engines.simulator import Simulator
+from backfill.simulator.server import Simulator
 from tests.support import InProcess, chat_line, jsonl
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from backfill.adapters.blobs.master import MasterKeyError, load_master_key
-from backfill.adapters.engines.simulator import Simulator
 from backfill.container import build
+from backfill.simulator.server import Simulator
 from tests.support import chat_line, in_process_backfill, jsonl, sim_settings
 
 Sim = tuple[str, Simulator]

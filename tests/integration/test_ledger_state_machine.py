@@ -42,12 +42,12 @@ from sqlalchemy.pool import Pool
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
 from backfill.container import Backfill, build
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, token_charge, usd_to_pico, worst_case
 from backfill.ports import Engine
 from backfill.settings import Settings
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
     SIM_PRICES,

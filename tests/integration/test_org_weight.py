@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backfill.cli.admin import app as admin_cli
-from backfill.domain.fair_share import MAX_WEIGHT
+from backfill.domain.scheduling.fair_share import MAX_WEIGHT
 from tests.support import in_process_backfill
 
 TOKEN = "admin-token-for-org-weight-tests-0123456789"

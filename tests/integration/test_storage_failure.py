@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from backfill.adapters.blobs.raw import LocalRawStore, RawWriter
-from backfill.adapters.engines.simulator import Simulator
+from backfill.simulator.server import Simulator
 from tests.support import (
     InProcess,
     backfill_on_raw_store,

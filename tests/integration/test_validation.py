@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from backfill.adapters.engines.simulator import Simulator
 from backfill.settings import ModelSettings
+from backfill.simulator.server import Simulator
 from tests.support import SIM_MODEL, SIM_PRICES, InProcess, chat_line, in_process_backfill, jsonl
 
 Sim = tuple[str, Simulator]

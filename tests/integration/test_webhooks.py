@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from backfill.adapters.engines.simulator import Simulator
 from backfill.container import build
 from backfill.domain.notifications import DeliveryState
+from backfill.simulator.server import Simulator
 from tests.receivers import Answer, webhook_receiver
 from tests.support import InProcess, chat_line, in_process_backfill, jsonl
 

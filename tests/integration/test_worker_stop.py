@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backfill.adapters.engines.simulator import Simulator
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
+from backfill.simulator.server import Simulator
 from tests.support import chat_line, in_process_backfill, jsonl
 
 

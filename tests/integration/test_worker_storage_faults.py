@@ -23,8 +23,8 @@ from sqlalchemy import func, select, text
 
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
-from backfill.adapters.engines.simulator import Simulator
 from backfill.domain.lifecycle import ItemState
+from backfill.simulator.server import Simulator
 from tests.support import (
     InProcess,
     assert_exactly_once,

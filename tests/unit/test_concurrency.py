@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from backfill.adapters.engines.pressure import Flavor, parse
-from backfill.domain.concurrency import (
+from backfill.domain.scheduling.concurrency import (
     ConcurrencyLimit,
     Mode,
     Pressure,

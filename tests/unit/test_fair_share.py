@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from backfill.domain.fair_share import MAX_WEIGHT, LaneTurn, check_weight, split_claim
+from backfill.domain.scheduling.fair_share import MAX_WEIGHT, LaneTurn, check_weight, split_claim
 from backfill.errors import InvalidInput
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import orjson
 
-from backfill.domain.locality import SINGLE_PROMPT_PREFIX, assign, prefix_key
+from backfill.domain.scheduling.locality import SINGLE_PROMPT_PREFIX, assign, prefix_key
 
 
 def line(*messages: tuple[str, str], custom_id: str = "a") -> bytes:

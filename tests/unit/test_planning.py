@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from backfill.domain.planning import (
+from backfill.domain.scheduling.planning import (
     MIN_SAMPLE_LINES,
     MIN_SAMPLE_S,
     NOT_URGENT,

@@ -17,9 +17,9 @@ from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import MemoryRawStore
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.catalog import Billing
-from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure, SharedTargets
 from backfill.domain.engine_health import START_GRACE_S, EngineState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure, SharedTargets
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput
 

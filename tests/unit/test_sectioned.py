@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from backfill.domain.input_format import LineError
-from backfill.domain.locality import prefix_key
+from backfill.domain.scheduling.locality import prefix_key
 from backfill.domain.sectioned import FORMAT, SectionedExpander, is_sectioned
 
 HEADER = {"format": FORMAT}

@@ -31,9 +31,9 @@ from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.engine_health import EngineReport, EngineState
-from backfill.domain.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.domain.money import pico_to_usd
 from backfill.domain.records import ApiKey, Org
+from backfill.domain.scheduling.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_MAX_OUTPUT_TOKENS,

@@ -285,7 +285,7 @@ def simulate(
     ] = 64,
 ) -> None:
     """A simulated OpenAI-compatible engine (no model) for load and fault tests."""
-    from backfill.adapters.engines.simulator import SimulatorConfig, run_simulator
+    from backfill.simulator.server import SimulatorConfig, run_simulator
 
     try:
         config = SimulatorConfig(

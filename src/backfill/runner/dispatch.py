@@ -3,7 +3,7 @@
 The claim chooses what runs next (fair across orgs, earliest deadline first), so the worker
 never lists batches. Orgs whose GPU-time work waits for credit (SPEC §7.4) start nothing.
 Replicas (engines serving the same models) claim together, and each line goes to the replica
-its prompt prefix hashes to (``domain/locality.py``), lines of one prefix back to back.
+its prompt prefix hashes to (``domain/scheduling/locality.py``), lines of one prefix back to back.
 A line with remote images fetches them in the fetch pool before it is queued for its slot.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from backfill.domain.catalog import Billing
 from backfill.domain.input_format import request_body
-from backfill.domain.locality import assign, prefix_key
 from backfill.domain.media import may_hold_remote_images, remote_image_urls
 from backfill.domain.records import WorkBatch
+from backfill.domain.scheduling.locality import assign, prefix_key
 from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
 from backfill.runner.engines import EnginePool, EngineSlot, Queued
 from backfill.runner.inputs import ClaimInput

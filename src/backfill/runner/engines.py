@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backfill.domain.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.domain.engine_health import EngineState, HealthTracker, Note, NoteKind
 from backfill.domain.records import ClaimedItem, WorkBatch
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.ports import Engine, EngineDiagnostics, PressureProbe, WaitingWork
 from backfill.runner.inputs import ClaimInput
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from backfill.domain import ids
-from backfill.domain.planning import Plan, plan
+from backfill.domain.scheduling.planning import Plan, plan
 from backfill.ports import Clock, OperationsStore, WorkQueue
 
 # The singleton lease the planning process holds.

@@ -7,8 +7,8 @@ import secrets
 from dataclasses import dataclass
 
 from backfill.domain import ids
-from backfill.domain.fair_share import check_weight
 from backfill.domain.records import ApiKey, Org
+from backfill.domain.scheduling.fair_share import check_weight
 from backfill.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from backfill.ports import Clock, LedgerStore, TenantStore
 

@@ -36,10 +36,10 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.catalog import Billing
-from backfill.domain.fair_share import LaneTurn, split_claim
 from backfill.domain.lifecycle import BatchStatus, ItemState
-from backfill.domain.planning import NOT_URGENT
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
+from backfill.domain.scheduling.fair_share import LaneTurn, split_claim
+from backfill.domain.scheduling.planning import NOT_URGENT
 
 # Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
 LANES_PER_CLAIM = 4

@@ -11,14 +11,14 @@ from sqlalchemy import Connection, and_, bindparam, not_, or_, select, update
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.lifecycle import BatchStatus
-from backfill.domain.planning import (
+from backfill.domain.records import DispatchShare
+from backfill.domain.scheduling.planning import (
     LaneLoad,
     ModelRate,
     Plan,
     PlanInputs,
     RunningBatch,
 )
-from backfill.domain.records import DispatchShare
 
 _ln, _o, _b = t.lanes, t.orgs, t.batches
 # The planner's reads, built once. A lane counts as having work only when a claim could take

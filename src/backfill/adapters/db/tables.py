@@ -25,7 +25,7 @@ from sqlalchemy import (
 from backfill.domain.catalog import Billing
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.files import FileStatus, InputFormat
-from backfill.domain.planning import NOT_URGENT
+from backfill.domain.scheduling.planning import NOT_URGENT
 
 metadata = MetaData()
 
@@ -38,7 +38,7 @@ orgs = Table(
     # Picodollars. balance = sum(credits) - sum(receipts); reserved = sum of open reservations.
     Column("balance", BigInteger, nullable=False, server_default="0"),
     Column("reserved", BigInteger, nullable=False, server_default="0"),
-    # Its share of dispatch on shared engines, relative to other orgs' (domain/fair_share.py).
+    # Its share of dispatch on shared engines, relative to other orgs' (scheduling/fair_share.py).
     Column("weight", Integer, nullable=False, server_default="1"),
     # The Standard Webhooks signing secret, sealed with the master key (it must be read back to
     # sign). The one it replaced, and the one before that, keep signing beside it for a while

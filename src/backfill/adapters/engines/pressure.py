@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import aiohttp
 
-from backfill.domain.concurrency import Pressure
+from backfill.domain.scheduling.concurrency import Pressure
 
 
 class Flavor(StrEnum):

@@ -15,7 +15,7 @@ down_revision = "0005"
 branch_labels = None
 depends_on = None
 
-# domain/planning.py NOT_URGENT, written out: a revision must not change when the code does.
+# scheduling/planning.py NOT_URGENT, written out: a revision must not change when the code does.
 _NOT_URGENT = str(2**62)
 
 

@@ -1,7 +1,7 @@
 """A request's prompt as the simulated engine counts it: text, tokens and media received.
 
 Prompt tokens are the whitespace-separated words of the text, with each image or audio clip
-adding its placeholder tokens where it stands (``sim_media``). A chat whose messages are all
+adding its placeholder tokens where it stands (``media``). A chat whose messages are all
 strings, or a completion, takes the plain path: one join and one split, as the throughput
 benchmarks measure it; content part lists take the slower path that validates each part.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backfill.adapters.engines import sim_media
-from backfill.adapters.engines.sim_fields import BadRequest
+from backfill.simulator import media
+from backfill.simulator.fields import BadRequest
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class Prompt:
 
 
 def plain(text: str) -> Prompt:
-    return Prompt(text, text.split(), sim_media.NOTHING_RECEIVED)
+    return Prompt(text, text.split(), media.NOTHING_RECEIVED)
 
 
 def of_body(body: dict[str, Any]) -> Prompt:
@@ -59,7 +59,7 @@ class PromptBuilder:
     def __init__(self) -> None:
         self._texts: list[str] = []
         self._tokens: list[str] = []
-        self._media = sim_media.Received()
+        self._media = media.Received()
 
     def text(self, value: object, param: str) -> None:
         if not isinstance(value, str):
@@ -68,14 +68,12 @@ class PromptBuilder:
         self._tokens.extend(value.split())
 
     def image(self, url: object, param: str) -> None:
-        self._tokens.extend(sim_media.image(url, param, self._media))
+        self._tokens.extend(media.image(url, param, self._media))
 
     def audio(self, part: object, param: str) -> None:
         if not isinstance(part, dict):
             raise BadRequest(param, "input_audio must be an object with data and format")
-        self._tokens.extend(
-            sim_media.audio(part.get("data"), part.get("format"), param, self._media)
-        )
+        self._tokens.extend(media.audio(part.get("data"), part.get("format"), param, self._media))
 
     def build(self) -> Prompt:
         return Prompt("\n".join(self._texts), self._tokens, self._media.report())
@@ -107,7 +105,7 @@ def _chat_part(prompt: PromptBuilder, part: object, param: str) -> None:
         image_url = part.get("image_url")
         if not isinstance(image_url, dict):
             raise BadRequest(f"{param}.image_url", "image_url must be an object with a url")
-        sim_media.detail(image_url.get("detail"), f"{param}.image_url.detail")
+        media.detail(image_url.get("detail"), f"{param}.image_url.detail")
         prompt.image(image_url.get("url"), f"{param}.image_url.url")
     elif kind == "input_audio":
         prompt.audio(part.get("input_audio"), f"{param}.input_audio")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from backfill.adapters.engines.sim_metrics import render
-from backfill.adapters.engines.sim_model import BatchingConfig, BatchingModel, Phase, Sequence
-from backfill.adapters.engines.sim_prefix_cache import block_hashes
+from backfill.simulator.metrics import render
+from backfill.simulator.model import BatchingConfig, BatchingModel, Phase, Sequence
+from backfill.simulator.prefix_cache import block_hashes
 
 
 def drain(model: BatchingModel) -> None:

@@ -22,8 +22,8 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.adapters.engines.sim_media import AUDIO_TOKENS, IMAGE_TOKENS
-from backfill.adapters.engines.simulator import SimulatorConfig
+from backfill.simulator.media import AUDIO_TOKENS, IMAGE_TOKENS
+from backfill.simulator.server import SimulatorConfig
 from tests.support import running_simulator
 
 MODELS = {

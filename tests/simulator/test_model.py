@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from backfill.adapters.engines.sim_model import BatchingConfig, BatchingModel, Phase, Sequence
-from backfill.adapters.engines.sim_prefix_cache import block_hashes
+from backfill.simulator.model import BatchingConfig, BatchingModel, Phase, Sequence
+from backfill.simulator.prefix_cache import block_hashes
 
 
 def drain(model: BatchingModel) -> None:

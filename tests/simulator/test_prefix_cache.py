@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backfill.adapters.engines.sim_prefix_cache import PrefixCache, block_hashes
+from backfill.simulator.prefix_cache import PrefixCache, block_hashes
 
 
 def words(prefix: str, n: int) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from backfill.adapters.engines.sim_model import BatchingModel, Phase, Progress, Sequence
+from backfill.simulator.model import BatchingModel, Phase, Progress, Sequence
 
 
 @dataclass(eq=False)

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from backfill.adapters.engines.simulator import SimulatorConfig
+from backfill.simulator.server import SimulatorConfig
 from tests.support import running_simulator
 
 MODELS = {

@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from backfill.adapters.engines.sim_fields import BadRequest
+from backfill.simulator.fields import BadRequest
 
 IMAGE_TOKENS = 64
 AUDIO_TOKENS = 16

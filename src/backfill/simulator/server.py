@@ -4,16 +4,16 @@ Two timing models (``docs/simulator.md`` has the formulas and every option):
 
 - by default each request is timed alone: ``ttft_ms + itl_ms * output tokens``, optionally
   capped at ``max_concurrency`` requests at a time;
-- with ``slots > 0``, continuous batching as in vLLM (``sim_model``): a FIFO queue for slots,
+- with ``slots > 0``, continuous batching as in vLLM (``model``): a FIFO queue for slots,
   prefill per uncached prompt token, one decode step loop whose steps slow down as more
   sequences run, an optional prefix cache, and optionally vLLM's priority scheduling (a
   request's ``priority`` orders the queue and preempts running requests of worse priority).
 
 Prompt tokens are the whitespace-separated words of the prompt text, plus a few per image or
-audio clip (``sim_prompt``, ``sim_media``). Both models stream chat and completions
+audio clip (``prompt``, ``media``). Both models stream chat and completions
 (``"stream": true``) and publish vLLM's metric names on ``/metrics``. Besides chat and
-completions it serves ``/v1/responses`` (``sim_responses``) and ``/v1/embeddings``
-(``sim_embeddings``, prefill-only requests) through the same timing model.
+completions it serves ``/v1/responses`` (``responses``) and ``/v1/embeddings``
+(``embeddings``, prefill-only requests) through the same timing model.
 
 Faults come at random rates, or on demand from a directive in the prompt text, which makes
 tests deterministic: ``[[sim:status=400]]``, ``[[sim:status=503]]``, ``[[sim:drop]]``,
@@ -35,14 +35,14 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
-from backfill.adapters.engines import sim_embeddings, sim_fields, sim_prompt, sim_replies
-from backfill.adapters.engines import sim_responses as responses
-from backfill.adapters.engines.sim_engine import EngineLoop, Ticket
-from backfill.adapters.engines.sim_fields import BadRequest
-from backfill.adapters.engines.sim_metrics import EngineSnapshot, render
-from backfill.adapters.engines.sim_model import BatchingConfig, BatchingModel, Phase, Sequence
-from backfill.adapters.engines.sim_prefix_cache import block_hashes
-from backfill.adapters.engines.sim_prompt import Prompt
+from backfill.simulator import embeddings, fields, replies, responses
+from backfill.simulator import prompt as prompts
+from backfill.simulator.engine import EngineLoop, Ticket
+from backfill.simulator.fields import BadRequest
+from backfill.simulator.metrics import EngineSnapshot, render
+from backfill.simulator.model import BatchingConfig, BatchingModel, Phase, Sequence
+from backfill.simulator.prefix_cache import block_hashes
+from backfill.simulator.prompt import Prompt
 
 _DIRECTIVE = re.compile(r"\[\[sim:([a-z_]+)(?:=([0-9]+))?\]\]")
 
@@ -181,7 +181,7 @@ def _ask(
                     "stream_options.include_usage", "include_usage must be true or false"
                 )
             include_usage = value
-    priority = sim_fields.priority(body, priority_scheduling)
+    priority = fields.priority(body, priority_scheduling)
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     tokens = min(int(directives.get("tokens") or output_tokens), limit)
     return _Ask(limit, tokens, bool(stream), include_usage, priority)
@@ -266,7 +266,7 @@ class Simulator:
         number = self.stats.requests
         try:
             body = await self._json(request)
-            prompt = sim_prompt.of_body(body)
+            prompt = prompts.of_body(body)
             directives = _directives(prompt.text)
             ask = _ask(
                 body,
@@ -316,7 +316,7 @@ class Simulator:
         size = self.config.embedding_dimensions
         try:
             body = await self._json(request)
-            ask = sim_embeddings.parse(body, size, self._priority_scheduling)
+            ask = embeddings.parse(body, size, self._priority_scheduling)
         except BadRequest as bad:
             return self._refuse(bad)
         self.stats.models[ask.model] += 1
@@ -336,10 +336,10 @@ class Simulator:
                 await self._prefill_alone(ask, delay_s)
             finally:
                 self._slots.release()
-        vectors = [sim_embeddings.vector(key, size, ask.dimensions) for key in ask.keys]
+        vectors = [embeddings.vector(key, size, ask.dimensions) for key in ask.keys]
         self.stats.by_status[200] += 1
         return web.Response(
-            body=orjson.dumps(sim_embeddings.reply(ask, vectors)), content_type="application/json"
+            body=orjson.dumps(embeddings.reply(ask, vectors)), content_type="application/json"
         )
 
     @property
@@ -432,7 +432,7 @@ class Simulator:
             if ask.stream:
                 # The last token comes when the whole answer would: one itl_ms per token.
                 chunks = self._chunks(job)
-                response = web.StreamResponse(headers=sim_replies.SSE_HEADERS)
+                response = web.StreamResponse(headers=replies.SSE_HEADERS)
                 await response.prepare(request)
                 await asyncio.sleep(first_s)
                 if c.itl_ms > 0:
@@ -452,7 +452,7 @@ class Simulator:
         self._count_alone(prompt_tokens, ask.tokens, ask.finish_reason)
         return self._whole(job, prompt_tokens, None)
 
-    async def _prefill_alone(self, ask: sim_embeddings.EmbeddingAsk, delay_s: float) -> None:
+    async def _prefill_alone(self, ask: embeddings.EmbeddingAsk, delay_s: float) -> None:
         stats = self.stats
         stats.in_flight += 1
         stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
@@ -514,7 +514,7 @@ class Simulator:
         written = len(seq.block_hashes) * model.config.block_tokens - seq.cached_tokens
         return self._whole(job, seq.prompt_tokens, seq.cached_tokens, max(0, written))
 
-    async def _prefill_batched(self, ask: sim_embeddings.EmbeddingAsk, delay_s: float) -> None:
+    async def _prefill_batched(self, ask: embeddings.EmbeddingAsk, delay_s: float) -> None:
         """Each input is a sequence of its own that ends with its prefill, as vLLM splits an
         embedding request's inputs."""
         assert self._engine is not None
@@ -540,7 +540,7 @@ class Simulator:
         ask = job.ask
         seq = ticket.seq
         chunks = self._chunks(job)
-        response = web.StreamResponse(headers=sim_replies.SSE_HEADERS)
+        response = web.StreamResponse(headers=replies.SSE_HEADERS)
         await response.prepare(request)
         sent = 0
         while True:
@@ -559,8 +559,8 @@ class Simulator:
 
     # ---- answers ---------------------------------------------------------------------------
 
-    def _chunks(self, job: _Job) -> sim_replies.ChunkWriter:
-        return sim_replies.ChunkWriter(
+    def _chunks(self, job: _Job) -> replies.ChunkWriter:
+        return replies.ChunkWriter(
             chat=job.chat,
             number=job.number,
             created=int(time.time()),
@@ -572,16 +572,16 @@ class Simulator:
     async def _close_stream(
         self,
         response: web.StreamResponse,
-        chunks: sim_replies.ChunkWriter,
+        chunks: replies.ChunkWriter,
         ask: _Ask,
         prompt_tokens: int,
         cached_tokens: int | None,
     ) -> web.StreamResponse:
         if ask.include_usage:
             await response.write(
-                chunks.usage(sim_replies.usage(prompt_tokens, ask.tokens, cached_tokens))
+                chunks.usage(replies.usage(prompt_tokens, ask.tokens, cached_tokens))
             )
-        await response.write(sim_replies.DONE_EVENT)
+        await response.write(replies.DONE_EVENT)
         await response.write_eof()
         self.stats.by_status[200] += 1
         return response
@@ -603,14 +603,14 @@ class Simulator:
                 written_tokens=written_tokens,
             )
         else:
-            payload = sim_replies.completion(
+            payload = replies.completion(
                 chat=job.chat,
                 number=job.number,
                 created=created,
                 model=job.body.get("model"),
                 tokens=ask.tokens,
                 finish_reason=ask.finish_reason,
-                usage=sim_replies.usage(prompt_tokens, ask.tokens, cached_tokens),
+                usage=replies.usage(prompt_tokens, ask.tokens, cached_tokens),
                 received=job.prompt.received,
             )
         self.stats.by_status[200] += 1

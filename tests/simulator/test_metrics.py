@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.adapters.engines.sim_metrics import (
+from backfill.simulator.metrics import (
     TTFT_BUCKETS,
     EngineSnapshot,
     Histogram,

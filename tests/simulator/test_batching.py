@@ -17,7 +17,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backfill.adapters.engines.simulator import Simulator, SimulatorConfig
+from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import running_simulator
 
 LONG_PREFIX = " ".join(f"shared{i}" for i in range(200))

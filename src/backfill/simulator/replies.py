@@ -8,7 +8,7 @@ finish reason (as vLLM sends it), ``stream_options.include_usage`` adds ``"usage
 every chunk and one last chunk with no choices and the usage, and ``data: [DONE]`` ends it.
 
 Every answer also carries a field of its own, ``"backfill_simulator": {"received": …}``: the
-media the engine got (``sim_media``), so a test can check what reached it. A whole answer has
+media the engine got (``media``), so a test can check what reached it. A whole answer has
 it at the top level, a stream in its first chunk.
 """
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backfill.adapters.engines import sim_fields, sim_media, sim_replies
-from backfill.adapters.engines.sim_fields import BadRequest
-from backfill.adapters.engines.sim_prompt import Prompt, PromptBuilder
+from backfill.simulator import fields, media, replies
+from backfill.simulator.fields import BadRequest
+from backfill.simulator.prompt import Prompt, PromptBuilder
 
 FIELDS = (
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "metadata",
@@ -35,8 +35,8 @@ class ResponsesAsk:
 
 
 def parse(body: dict[str, Any], priority_scheduling: bool) -> ResponsesAsk:
-    sim_fields.only_known(body, FIELDS)
-    model = sim_fields.model(body)
+    fields.only_known(body, FIELDS)
+    model = fields.model(body)
     for name, why in (
         ("stream", "this engine does not stream responses"),
         ("background", "this engine does not run responses in the background"),
@@ -50,9 +50,9 @@ def parse(body: dict[str, Any], priority_scheduling: bool) -> ResponsesAsk:
     if store is not None and not isinstance(store, bool):
         raise BadRequest("store", "store must be true or false")
     limit = body.get("max_output_tokens")
-    if limit is not None and (not sim_fields.is_int(limit) or limit < 1):
+    if limit is not None and (not fields.is_int(limit) or limit < 1):
         raise BadRequest("max_output_tokens", "max_output_tokens must be a positive integer")
-    instructions = sim_fields.optional_string(body, "instructions")
+    instructions = fields.optional_string(body, "instructions")
     prompt = PromptBuilder()
     if instructions is not None:
         prompt.text(instructions, "instructions")
@@ -61,14 +61,14 @@ def parse(body: dict[str, Any], priority_scheduling: bool) -> ResponsesAsk:
         model=model,
         prompt=prompt.build(),
         max_output_tokens=limit,
-        priority=sim_fields.priority(body, priority_scheduling),
+        priority=fields.priority(body, priority_scheduling),
         echo={
             "instructions": instructions,
             "max_output_tokens": limit,
             "metadata": _metadata(body.get("metadata")),
             "temperature": _number(body, "temperature", 2.0),
             "top_p": _number(body, "top_p", 1.0),
-            "user": sim_fields.optional_string(body, "user"),
+            "user": fields.optional_string(body, "user"),
         },
     )
 
@@ -103,7 +103,7 @@ def reply(
                 "content": [
                     {
                         "type": "output_text",
-                        "text": sim_replies.answer_text(tokens),
+                        "text": replies.answer_text(tokens),
                         "annotations": [],
                     }
                 ],
@@ -128,7 +128,7 @@ def reply(
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + tokens,
         },
-        sim_replies.REPORT_FIELD: sim_replies.report(ask.prompt.received),
+        replies.REPORT_FIELD: replies.report(ask.prompt.received),
     }
 
 
@@ -136,7 +136,7 @@ def _number(body: dict[str, Any], name: str, most: float) -> float:
     value = body.get(name)
     if value is None:
         return 1.0  # what vLLM and OpenAI echo when it is not given
-    if not sim_fields.is_number(value) or not 0 <= value <= most:
+    if not fields.is_number(value) or not 0 <= value <= most:
         raise BadRequest(name, f"{name} must be a number from 0 to {most:g}")
     return float(value)
 
@@ -188,7 +188,7 @@ def _part(prompt: PromptBuilder, part: object, param: str) -> None:
     elif kind == "input_image":
         if part.get("file_id") is not None:
             raise BadRequest(f"{param}.file_id", "file_id is not supported: send a data: URL")
-        sim_media.detail(part.get("detail"), f"{param}.detail")
+        media.detail(part.get("detail"), f"{param}.detail")
         prompt.image(part.get("image_url"), f"{param}.image_url")
     elif kind == "input_audio":
         prompt.audio(part.get("input_audio"), f"{param}.input_audio")

@@ -21,8 +21,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from backfill.adapters.engines import sim_fields
-from backfill.adapters.engines.sim_fields import BadRequest
+from backfill.simulator import fields
+from backfill.simulator.fields import BadRequest
 
 FIELDS = ("model", "input", "encoding_format", "dimensions", "user", "priority")
 MAX_INPUTS = 2048
@@ -44,14 +44,14 @@ class EmbeddingAsk:
 
 
 def parse(body: dict[str, Any], max_dimensions: int, priority_scheduling: bool) -> EmbeddingAsk:
-    sim_fields.only_known(body, FIELDS)
-    model = sim_fields.model(body)
-    sim_fields.optional_string(body, "user")
+    fields.only_known(body, FIELDS)
+    model = fields.model(body)
+    fields.optional_string(body, "user")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise BadRequest("encoding_format", "encoding_format must be float or base64")
     dimensions = body.get("dimensions", max_dimensions)
-    if not sim_fields.is_int(dimensions) or not 1 <= dimensions <= max_dimensions:
+    if not fields.is_int(dimensions) or not 1 <= dimensions <= max_dimensions:
         raise BadRequest("dimensions", f"dimensions must be an integer from 1 to {max_dimensions}")
     inputs, keys, texts = _inputs(body.get("input"))
     return EmbeddingAsk(
@@ -61,7 +61,7 @@ def parse(body: dict[str, Any], max_dimensions: int, priority_scheduling: bool) 
         text="\n".join(texts),
         dimensions=dimensions,
         base64=encoding == "base64",
-        priority=sim_fields.priority(body, priority_scheduling),
+        priority=fields.priority(body, priority_scheduling),
     )
 
 
@@ -104,7 +104,7 @@ def _inputs(value: object) -> tuple[list[list[str]], list[bytes], list[str]]:
         raise BadRequest("input", f"input must have at most {MAX_INPUTS} items")
     if all(isinstance(item, str) for item in value):
         return _strings(value)
-    if all(sim_fields.is_int(item) for item in value):
+    if all(fields.is_int(item) for item in value):
         return _token_lists([value])
     if all(isinstance(item, list) for item in value):
         return _token_lists(value)
@@ -124,7 +124,7 @@ def _strings(texts: list[str]) -> tuple[list[list[str]], list[bytes], list[str]]
 def _token_lists(lists: list[Any]) -> tuple[list[list[str]], list[bytes], list[str]]:
     tokens: list[list[str]] = []
     for index, ids in enumerate(lists):
-        if not ids or not all(sim_fields.is_int(i) and i >= 0 for i in ids):
+        if not ids or not all(fields.is_int(i) and i >= 0 for i in ids):
             raise BadRequest(
                 f"input[{index}]", "a token list must hold non-negative integers and not be empty"
             )

@@ -1,7 +1,7 @@
 """Continuous batching as a discrete-event model: slots, a queue, prefill, decode steps.
 
 The model holds no clock and starts no task: the caller passes the time to every call and
-asks ``next_event_at()`` when to call ``advance`` again. ``sim_engine.EngineLoop`` drives it
+asks ``next_event_at()`` when to call ``advance`` again. ``engine.EngineLoop`` drives it
 with one timer on the event loop; unit tests drive it with made-up times, so its timing is
 exact and deterministic there.
 
@@ -38,13 +38,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from backfill.adapters.engines.sim_metrics import (
+from backfill.simulator.metrics import (
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     EngineSnapshot,
     Histogram,
 )
-from backfill.adapters.engines.sim_prefix_cache import PrefixCache
+from backfill.simulator.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)

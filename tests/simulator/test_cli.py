@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import backfill.adapters.engines.simulator as simulator_module
-from backfill.adapters.engines.simulator import SimulatorConfig
+import backfill.simulator.server as simulator_module
 from backfill.cli.main import app
+from backfill.simulator.server import SimulatorConfig
 
 
 @pytest.fixture

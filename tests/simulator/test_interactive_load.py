@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from backfill.adapters.engines.simulator import SimulatorConfig
+from backfill.simulator.server import SimulatorConfig
 from bench.interactive_load import Percentiles, arrival_offsets, run_interactive_load
 from tests.support import running_simulator
 
