@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, String, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from backfill.adapters.db import queue
+from backfill.adapters.db import result_writes
 from backfill.adapters.db.claims import LANES_PER_CLAIM, lease_statement, pick_sql
 from backfill.adapters.db.dialect import POSTGRES
 from backfill.adapters.db.store import SqlStore
@@ -146,9 +146,9 @@ async def run(admin_url: str, lines: int) -> None:
                 )
             )
             idxs = list(range(0, 64))
-            terms = queue.batch_terms(POSTGRES).params(ids=[batch.id])
+            terms = result_writes.batch_terms(POSTGRES).params(ids=[batch.id])
             summaries.append(await explain(conn, "write: lock the batch's terms", terms))
-            held = queue.locked_leases(POSTGRES).params(batch=batch.id, idxs=idxs)
+            held = result_writes.locked_leases(POSTGRES).params(batch=batch.id, idxs=idxs)
             summaries.append(await explain(conn, "write: lock 64 leases", held))
             store_one = dict(
                 b_batch=batch.id,
@@ -161,7 +161,7 @@ async def run(admin_url: str, lines: int) -> None:
                 b_out=20,
             )
             summaries.append(
-                await explain(conn, "write: store a result", queue.STORE_RESULT, store_one)
+                await explain(conn, "write: store a result", result_writes.STORE_RESULT, store_one)
             )
             counts = dict(
                 batch=batch.id,
@@ -175,7 +175,7 @@ async def run(admin_url: str, lines: int) -> None:
                 d_numbered=64,
             )
             summaries.append(
-                await explain(conn, "write: count the results", queue.COUNT_RESULTS, counts)
+                await explain(conn, "write: count the results", result_writes.COUNT_RESULTS, counts)
             )
             await conn.rollback()
         print(f"\n{lines:,} queued lines, PostgreSQL:")

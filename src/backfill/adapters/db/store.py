@@ -17,9 +17,9 @@ from backfill.adapters.db.notifications import NotificationQueries
 from backfill.adapters.db.overview import OverviewQueries
 from backfill.adapters.db.planning import PlanningQueries
 from backfill.adapters.db.progress import ProgressQueries
-from backfill.adapters.db.queue import QueueQueries
 from backfill.adapters.db.reruns import EndedBatchQueries
 from backfill.adapters.db.result_pages import ResultPageQueries
+from backfill.adapters.db.result_writes import ResultWriteQueries
 
 
 class SqlStore(
@@ -35,7 +35,7 @@ class SqlStore(
     OverviewQueries,
     PlanningQueries,
     ProgressQueries,
-    QueueQueries,
+    ResultWriteQueries,
     ResultPageQueries,
 ):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

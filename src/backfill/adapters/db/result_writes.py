@@ -1,4 +1,6 @@
-"""The work queue: claims with leases, fenced result writes, finalizing."""
+"""Fenced result writes (results, receipts and the settlement of each batch in one transaction),
+and the reads beside them: live leases, queue gauges, a batch's results for finalizing, ending
+its unfinished lines, failing a batch."""
 
 from __future__ import annotations
 
@@ -198,7 +200,7 @@ def _apply(conn: Connection, batch_id: str, settlement: Settlement, numbered: in
 
 
 def _store_results(conn: Connection, dialect: Dialect, results: Sequence[ItemResult]) -> Stored:
-    """A group commit's transaction (``QueueQueries.write_results``)."""
+    """A group commit's transaction (``ResultWriteQueries.write_results``)."""
     # Every group commit takes its row locks in one global order (batches by id, their
     # items by idx, receipts, orgs by id), so concurrent groups that share batches or orgs
     # queue behind each other instead of deadlocking: a rolled-back group would cost the
@@ -287,7 +289,7 @@ def _held_leases(
     return held
 
 
-class QueueQueries(SqlBase):
+class ResultWriteQueries(SqlBase):
     # ---- work queue -------------------------------------------------------------------
 
     async def write_results(self, results: Sequence[ItemResult]) -> Stored:
