@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy import Select, text
 
-from backfill.adapters.db.claims import LANES_PER_CLAIM, expired_leases, queued_lines
+from backfill.adapters.db.claims import expired_leases, queued_lines
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES, INPUT_SEGMENT_BYTES, Chunker
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.lines import LineRef
+from backfill.domain.scheduling.claim_model import LANES_PER_CLAIM
 from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, take
 
 

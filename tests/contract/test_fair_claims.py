@@ -14,11 +14,12 @@ from alembic import command
 from sqlalchemy import bindparam, text
 
 from backfill.adapters.clock import ManualClock
-from backfill.adapters.db.claims import LANES_PER_CLAIM, pick_sql
+from backfill.adapters.db.claims import pick_sql
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES
 from backfill.domain.records import Org
+from backfill.domain.scheduling.claim_model import LANES_PER_CLAIM
 from backfill.domain.scheduling.planning import NOT_URGENT, LanePlan, ModelRate, Plan, plan
 from backfill.errors import RateLimited
 from backfill.services.planner import PLANNER, Planner

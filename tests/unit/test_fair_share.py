@@ -6,8 +6,14 @@ import random
 
 import pytest
 
-from backfill.domain.scheduling.fair_share import MAX_WEIGHT, LaneTurn, check_weight, split_claim
-from backfill.errors import InvalidInput
+from backfill.domain.scheduling.fair_share import (
+    MAX_WEIGHT,
+    LaneTurn,
+    WeightRefused,
+    check_weight,
+    split_claim,
+    vtime_step,
+)
 
 
 def lane(vtime: float = 0.0, weight: int = 1, *, urgent: bool = False, room: int = 256) -> LaneTurn:
@@ -75,7 +81,14 @@ def test_weights_in_range_are_taken(weight: int) -> None:
 
 @pytest.mark.parametrize("weight", [0, -1, MAX_WEIGHT + 1, 2.5, "3", True, None])
 def test_other_weights_are_refused_naming_the_field(weight: object) -> None:
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(WeightRefused) as refused:
         check_weight(weight)
     assert refused.value.param == "weight"
     assert f"from 1 to {MAX_WEIGHT}" in refused.value.message
+
+
+def test_a_lanes_virtual_time_moves_by_its_lines_over_its_weight() -> None:
+    assert vtime_step(6, 3) == 2.0
+    assert vtime_step(0, 7) == 0.0
+    # The split counts a lane's turns in the same steps.
+    assert split_claim(4, [lane(vtime=vtime_step(1, 1)), lane(weight=2)]) == [1, 3]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from backfill.domain import ids
 from backfill.domain.records import ApiKey, Org
-from backfill.domain.scheduling.fair_share import check_weight
+from backfill.domain.scheduling.fair_share import WeightRefused, check_weight
 from backfill.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from backfill.ports import Clock, LedgerStore, TenantStore
 
@@ -179,7 +179,10 @@ class TenantService:
 
     async def set_weight(self, name: str, weight: object) -> Org:
         """Give org ``name`` this fair-share weight; claims after this use it."""
-        checked = check_weight(weight)
+        try:
+            checked = check_weight(weight)
+        except WeightRefused as refused:
+            raise InvalidInput(refused.message, code="invalid_value", param=refused.param) from None
         org = await self.org(name)
         updated = await self._store.set_org_weight(org.id, checked)
         if updated is None:

@@ -22,7 +22,6 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
-    case,
     delete,
     func,
     select,
@@ -33,19 +32,26 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
-from backfill.adapters.db.dialect import Dialect
+from backfill.adapters.db.dialect import POSTGRES, SQLITE, Dialect
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import BatchStatus, ItemState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
-from backfill.domain.scheduling.fair_share import LaneTurn, split_claim
-from backfill.domain.scheduling.planning import NOT_URGENT
+from backfill.domain.scheduling.claim_model import (
+    EDF_ORDER,
+    LANES_LOOKED_AT,
+    LANES_PER_CLAIM,
+    TURN_ORDER,
+    ChunkState,
+    lane_turn,
+    level_on_reopen,
+    turn_key,
+)
+from backfill.domain.scheduling.fair_share import split_claim, vtime_step
 
-# Chunks (one per lane) a claim takes lines from: claims stay large however many orgs wait.
-LANES_PER_CLAIM = 4
-# Lanes looked at per claim: a lane whose every chunk waits (a backoff, a batch just stopped)
-# is passed over; locks are taken only on the chunks a claim returns.
-_LANES_LOOKED_AT = 4 * LANES_PER_CLAIM
+# Re-exported: the store's other queries and the benchmarks name them from here.
+__all__ = ["LANES_PER_CLAIM", "ChunkState"]
+
 # Items per renewal statement: well under the bind-parameter limits of SQLite and asyncpg.
 _RENEW_CHUNK = 1000
 # Expired leases put back per sweep statement.
@@ -53,46 +59,101 @@ _SWEEP_LIMIT = 5000
 # The end given to leases released all at once: earlier than any lease a clock could set.
 _ENDED = -1.0
 
+# The rules the statements below share, each written once (the reference model,
+# domain/scheduling/claim_model.py, holds them in Python; tests/contract/test_claim_model.py
+# pins one to the other). Values are rendered into the text, not bound: a partial index is
+# used only for a query whose own condition says its literal (``state = 0``).
+#
+# The lanes' turn (claim_model.TURN_ORDER): urgent first by deadline, then least virtual time.
+_TURN = ", ".join(f"l.{column}" for column in TURN_ORDER)
+# A lane l of org o that may be claimed: it has ready chunks and passes the credit gate
+# (claim_model.has_claimable_work).
+_CLAIMABLE_LANE = "l.ready > 0 AND (NOT l.metered OR o.balance > 0)"
+# A chunk c of lane l a claim may take at :now (claim_model.ChunkView.open_at).
+_OPEN_CHUNK = f"""c.model = l.model AND c.org_id = l.org_id AND c.state = {ChunkState.READY:d}
+          AND c.expires_at > :now AND (c.not_before IS NULL OR c.not_before <= :now)
+          AND EXISTS (SELECT 1 FROM batches b
+                      WHERE b.id = c.batch_id AND b.status = '{BatchStatus.IN_PROGRESS.value}')"""
+# A lane's chunks, earliest deadline first (claim_model.EDF_ORDER).
+_EDF = ", ".join(f"c.{column}" for column in EDF_ORDER)
 
-class ChunkState:
-    READY = 0
-    TAKEN = 1
-
-
-# The fair pick: the ready lanes of these models, urgent ones first by deadline, then those
-# with the least virtual time (lines claimed / weight), and for each its earliest-deadline
-# ready chunk of a running batch. A GPU-time lane waits while its org has no credit (SPEC §7.4).
-_LANES = """
-    SELECT l.model, l.org_id, l.vtime, l.urgent_by FROM lanes l JOIN orgs o ON o.id = l.org_id
-    WHERE l.model IN :models AND l.ready > 0 AND (NOT l.metered OR o.balance > 0)
-"""
-# The lanes' turn: the order of ix_lanes_turn within a model; the org id breaks ties.
-_TURN = "l.urgent_by, l.vtime, l.org_id"
-_RUNNING = BatchStatus.IN_PROGRESS.value
-_READY_CHUNK = f"""
-    SELECT {{cols}} FROM chunks c
-    WHERE c.model = l.model AND c.org_id = l.org_id AND c.state = 0 AND c.expires_at > :now
-      AND (c.not_before IS NULL OR c.not_before <= :now)
-      AND EXISTS (SELECT 1 FROM batches b WHERE b.id = c.batch_id AND b.status = '{_RUNNING}')
-    ORDER BY c.expires_at, c.batch_id, c.chunk LIMIT 1
-"""
-_PICKED = (
-    "c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id, "
-    "b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at, "
-    "l.vtime, l.urgent_by, o.weight"
+# The claim's pick, one statement per dialect. Its parameters: :models (a list), :now, :k
+# (LANES_PER_CLAIM) and :lanes (LANES_LOOKED_AT). Of the first :lanes claimable lanes of the
+# models in turn order, read through ix_lanes_turn (model, urgent_by, vtime; ready > 0), it
+# takes the earliest-deadline open chunk of each, read through ix_chunks_ready (model, org_id,
+# expires_at, batch_id, chunk; state = 0), and returns those of the first :k lanes that have
+# one, with what the claim needs of their batch, lane and org.
+#
+# SQLite: the chunk of each lane as a correlated subquery over the ordered lanes, rows in no
+# particular order (the claim sorts them by turn). One writer: nothing to lock.
+PICK_SQLITE = f"""-- name: PickChunksPerLane (SQLite)
+SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id,
+       b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at,
+       l.vtime, l.urgent_by, o.weight
+FROM chunks c
+JOIN batches b ON b.id = c.batch_id
+JOIN lanes l ON l.model = c.model AND l.org_id = c.org_id
+JOIN orgs o ON o.id = c.org_id
+WHERE c.rowid IN (
+    SELECT r FROM (
+        SELECT (
+            SELECT c.rowid FROM chunks c
+            WHERE {_OPEN_CHUNK}
+            ORDER BY {_EDF} LIMIT 1
+        ) AS r
+        FROM (
+            SELECT l.model, l.org_id, l.vtime, l.urgent_by
+            FROM lanes l JOIN orgs o ON o.id = l.org_id
+            WHERE l.model IN :models AND {_CLAIMABLE_LANE}
+            ORDER BY {_TURN} LIMIT :lanes
+        ) l
+    ) WHERE r IS NOT NULL LIMIT :k
 )
+"""
+# PostgreSQL: a lateral join, locking the chunks it returns; chunks other claimers hold are
+# skipped (the lane's next chunk comes instead), never waited for.
+PICK_POSTGRES = f"""-- name: PickChunksPerLane (PostgreSQL)
+SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id,
+       b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at,
+       l.vtime, l.urgent_by, o.weight
+FROM (
+    SELECT l.model, l.org_id, l.vtime, l.urgent_by
+    FROM lanes l JOIN orgs o ON o.id = l.org_id
+    WHERE l.model IN :models AND {_CLAIMABLE_LANE}
+    ORDER BY {_TURN} LIMIT :lanes
+) l
+CROSS JOIN LATERAL (
+    SELECT c.* FROM chunks c
+    WHERE {_OPEN_CHUNK}
+    ORDER BY {_EDF} LIMIT 1
+    FOR UPDATE OF c SKIP LOCKED
+) c
+JOIN batches b ON b.id = c.batch_id
+JOIN orgs o ON o.id = l.org_id
+ORDER BY {_TURN} LIMIT :k
+"""
+# Which models have a lane a claim could take lines from (the pick's own tests, no locks).
+READY_MODELS = f"""-- name: ReadyModels
+SELECT DISTINCT l.model
+FROM lanes l JOIN orgs o ON o.id = l.org_id
+WHERE l.model IN :models AND {_CLAIMABLE_LANE}
+  AND EXISTS (SELECT 1 FROM chunks c WHERE {_OPEN_CHUNK})
+"""
+_PICKS: dict[Dialect, str] = {SQLITE: PICK_SQLITE, POSTGRES: PICK_POSTGRES}
 
 
 def pick_sql(dialect: Dialect) -> str:
-    """The claim's pick in ``dialect``: its parameters ``:models`` (a list), ``:now``, ``:k``
-    and ``:lanes``."""
-    return dialect.one_chunk_per_lane(_LANES, _TURN, _READY_CHUNK, _PICKED)
+    """The claim's pick in ``dialect`` (``PICK_SQLITE`` or ``PICK_POSTGRES``)."""
+    return _PICKS[dialect]
 
 
 @functools.cache
 def _pick_statement(dialect: Dialect) -> TextClause:
     """The statement that picks a chunk per lane, built once per dialect, not per claim."""
     return text(pick_sql(dialect)).bindparams(bindparam("models", expanding=True))
+
+
+_READY_MODELS = text(READY_MODELS).bindparams(bindparam("models", expanding=True))
 
 
 @functools.cache
@@ -148,10 +209,6 @@ _LANE_SERVED = (
 )
 
 
-def _turn(row: Any) -> tuple[int, float, str]:
-    return (row.urgent_by, row.vtime, row.org_id)
-
-
 def _claim(
     conn: Connection,
     dialect: Dialect,
@@ -169,19 +226,14 @@ def _claim(
     picked = sorted(
         conn.execute(
             _pick_statement(dialect),
-            {"models": list(models), "now": now, "k": LANES_PER_CLAIM, "lanes": _LANES_LOOKED_AT},
+            {"models": list(models), "now": now, "k": LANES_PER_CLAIM, "lanes": LANES_LOOKED_AT},
         ).all(),
-        key=_turn,
+        key=turn_key,
     )
     shares = split_claim(
         limit,
         [
-            LaneTurn(
-                vtime=row.vtime,
-                weight=row.weight,
-                urgent=row.urgent_by < NOT_URGENT,
-                room=row.end_idx - row.first_idx,
-            )
+            lane_turn(row.vtime, row.weight, row.urgent_by, row.end_idx - row.first_idx)
             for row in picked
         ],
     )
@@ -215,7 +267,7 @@ def _claim(
                 "lane_model": lane[0],
                 "lane_org": lane[1],
                 "n_served": served[lane],
-                "d_vtime": served[lane] / weights[lane],
+                "d_vtime": vtime_step(served[lane], weights[lane]),
                 "n_drained": drained[lane],
             },
         )
@@ -350,12 +402,8 @@ class ClaimQueries(SqlBase):
         claim's own tests, without its locks): what an engine started on demand waits for."""
         if not models:
             return set()
-        query = text(
-            f"SELECT DISTINCT l.model FROM ({_LANES}) l "
-            f"WHERE EXISTS ({_READY_CHUNK.format(cols='1')})"
-        ).bindparams(bindparam("models", expanding=True))
         async with self.engine.connect() as conn:
-            rows = await conn.execute(query, {"models": list(models), "now": now})
+            rows = await conn.execute(_READY_MODELS, {"models": list(models), "now": now})
             return {row.model for row in rows}
 
     async def renew_leases(
@@ -433,7 +481,7 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
     level with the busy lane of its model that has the least virtual time, from below or from
     above: it neither takes a burst to catch up nor waits for the others to pass its own
     history. From then on they share by weight. With no busy lane it keeps its time (any lane
-    opened later is levelled to it)."""
+    opened later is levelled to it): ``claim_model.level_on_reopen``."""
     ready = (
         await conn.execute(
             select(func.count())
@@ -448,19 +496,23 @@ async def open_lane(conn: AsyncConnection, batch: Any, dialect: Dialect) -> None
         "metered": batch.billing == Billing.GPU_TIME,
     }
     await conn.execute(dialect.insert_ignoring(lanes).values(**row))
-    # NULL when no lane of the model has ready work; an idle lane itself is never counted.
-    level = (
-        select(func.min(lanes.c.vtime))
-        .where(lanes.c.model == batch.model, lanes.c.ready > 0)
-        .scalar_subquery()
-    )
+    key = (lanes.c.model == batch.model) & (lanes.c.org_id == batch.org_id)
+    # The lane's row is locked before the level is read: its ready count and virtual time
+    # cannot change under the level (claims and plans update lanes, so they wait for it).
+    lane = (
+        await conn.execute(dialect.for_update(select(lanes.c.vtime, lanes.c.ready).where(key)))
+    ).one()
+    # None when no lane of the model has ready work; an idle lane itself is never counted.
+    least_busy = (
+        await conn.execute(
+            select(func.min(lanes.c.vtime)).where(lanes.c.model == batch.model, lanes.c.ready > 0)
+        )
+    ).scalar()
     await conn.execute(
         update(lanes)
-        .where(lanes.c.model == batch.model, lanes.c.org_id == batch.org_id)
+        .where(key)
         .values(
-            vtime=case(
-                (lanes.c.ready == 0, func.coalesce(level, lanes.c.vtime)), else_=lanes.c.vtime
-            ),
+            vtime=level_on_reopen(lane.vtime, lane.ready, least_busy),
             ready=lanes.c.ready + ready,
             metered=row["metered"],
         )

@@ -81,13 +81,6 @@ class Dialect(Hashable, Protocol):
         selects, skipping rows another transaction holds; ``pick`` runs once."""
         ...
 
-    def one_chunk_per_lane(self, lanes: str, turn: str, ready_chunk: str, columns: str) -> str:
-        """The claim's pick: for each lane ``l`` of the ``lanes`` subquery, taken in ``turn``
-        order, the chunk ``c`` that ``ready_chunk`` (correlated on ``l``, its select list a
-        ``{cols}`` placeholder) finds, joined to its batch ``b``, its lane's row ``l`` and its
-        org ``o``; ``columns`` of them, at most ``:k`` rows, in no particular order."""
-        ...
-
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
@@ -179,19 +172,6 @@ class _Sqlite:
     ) -> Update:
         return update(table).where(where, key.in_(pick.scalar_subquery()))
 
-    def one_chunk_per_lane(self, lanes: str, turn: str, ready_chunk: str, columns: str) -> str:
-        return f"""
-    SELECT {columns}
-    FROM chunks c JOIN batches b ON b.id = c.batch_id
-    JOIN lanes l ON l.model = c.model AND l.org_id = c.org_id
-    JOIN orgs o ON o.id = c.org_id
-    WHERE c.rowid IN (
-        SELECT r FROM (
-            SELECT ({ready_chunk.format(cols="c.rowid")}) AS r
-            FROM ({lanes} ORDER BY {turn} LIMIT :lanes) l
-        ) WHERE r IS NOT NULL LIMIT :k)
-"""
-
 
 class _Postgres:
     def engine(self, url: str) -> AsyncEngine:
@@ -229,16 +209,6 @@ class _Postgres:
         # rows another transaction holds are skipped, never waited for.
         picked = pick.with_for_update(skip_locked=True).cte("picked")
         return update(table).where(where, key == picked.c[key.name])
-
-    def one_chunk_per_lane(self, lanes: str, turn: str, ready_chunk: str, columns: str) -> str:
-        return f"""
-    SELECT {columns}
-    FROM ({lanes} ORDER BY {turn} LIMIT :lanes) l
-    CROSS JOIN LATERAL ({ready_chunk.format(cols="c.*")} FOR UPDATE OF c SKIP LOCKED) c
-    JOIN batches b ON b.id = c.batch_id
-    JOIN orgs o ON o.id = l.org_id
-    ORDER BY {turn} LIMIT :k
-"""
 
 
 SQLITE: Dialect = _Sqlite()

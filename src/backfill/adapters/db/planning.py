@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, not_, or_, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import DispatchShare
+from backfill.domain.scheduling.claim_model import has_claimable_work
 from backfill.domain.scheduling.planning import (
     LaneLoad,
     ModelRate,
@@ -22,13 +23,15 @@ from backfill.domain.scheduling.planning import (
 
 _ln, _o, _b = t.lanes, t.orgs, t.batches
 # The planner's reads, built once. A lane counts as having work only when a claim could take
-# it: a GPU-time lane of an org without credit waits, and its model is not busy for that.
+# it (claim_model.has_claimable_work, applied to these columns as the rows are read).
 _LANES = select(
     _ln.c.model,
     _ln.c.org_id,
     _ln.c.served,
     _ln.c.served_mark,
-    and_(_ln.c.ready > 0, or_(not_(_ln.c.metered), _o.c.balance > 0)).label("ready"),
+    _ln.c.ready,
+    _ln.c.metered,
+    _o.c.balance,
     _ln.c.urgent_by,
     _ln.c.share,
     _ln.c.vtime,
@@ -69,7 +72,7 @@ class PlanningQueries(SqlBase):
                     org_id=row.org_id,
                     served=int(row.served),
                     served_mark=int(row.served_mark),
-                    ready=bool(row.ready),
+                    ready=has_claimable_work(int(row.ready), bool(row.metered), int(row.balance)),
                     urgent_by=int(row.urgent_by),
                     share=float(row.share),
                     vtime=float(row.vtime),

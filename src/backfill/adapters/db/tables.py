@@ -25,6 +25,7 @@ from sqlalchemy import (
 from backfill.domain.catalog import Billing
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.files import FileStatus, InputFormat
+from backfill.domain.scheduling.claim_model import EDF_ORDER, INDEXED_TURN, ChunkState
 from backfill.domain.scheduling.planning import NOT_URGENT
 
 metadata = MetaData()
@@ -292,9 +293,9 @@ items = Table(
 )
 
 # The unit of claim: a range of lines of one batch that starts inside one segment of the input,
-# so the lines a claim hands out are read with one ranged read. ``state``: 0 ready (it holds
-# queued lines), 1 taken (all its lines are leased or done). Only running batches have chunks:
-# they are deleted when the batch stops running.
+# so the lines a claim hands out are read with one ranged read. ``state``: a ChunkState, 0
+# ready (it holds queued lines), 1 taken (all its lines are leased or done). Only running
+# batches have chunks: they are deleted when the batch stops running.
 chunks = Table(
     "chunks",
     metadata,
@@ -308,15 +309,14 @@ chunks = Table(
     Column("state", SmallInteger, nullable=False, server_default="0"),
     # A line released with a backoff holds its whole chunk back until then.
     Column("not_before", Float),
+    # A lane's ready chunks in the claim's order (claim_model.EDF_ORDER).
     Index(
         "ix_chunks_ready",
         "model",
         "org_id",
-        "expires_at",
-        "batch_id",
-        "chunk",
-        sqlite_where=text("state = 0"),
-        postgresql_where=text("state = 0"),
+        *EDF_ORDER,
+        sqlite_where=text(f"state = {ChunkState.READY:d}"),
+        postgresql_where=text(f"state = {ChunkState.READY:d}"),
     ),
 )
 
@@ -338,11 +338,11 @@ lanes = Table(
     # ``served`` at the planner's last pass, and the lane's part of what its model served since.
     Column("served_mark", BigInteger, nullable=False, server_default="0"),
     Column("share", Float, nullable=False, server_default="0"),
+    # The ready lanes of a model in turn order (claim_model.TURN_ORDER, less its tie-breaks).
     Index(
         "ix_lanes_turn",
         "model",
-        "urgent_by",
-        "vtime",
+        *INDEXED_TURN,
         sqlite_where=text("ready > 0"),
         postgresql_where=text("ready > 0"),
     ),

@@ -13,8 +13,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backfill.errors import InvalidInput
-
 DEFAULT_WEIGHT = 1
 MIN_WEIGHT = 1
 # Three orders of magnitude between the lightest and the heaviest org: enough for tiers, and
@@ -22,21 +20,29 @@ MIN_WEIGHT = 1
 MAX_WEIGHT = 1000
 
 
+class WeightRefused(ValueError):
+    """A weight that is not a whole number within the allowed range; the message says why, in
+    the words a client is shown (the service turns it into a 400 naming ``param``)."""
+
+    param = "weight"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def check_weight(weight: object) -> int:
-    """``weight`` if it is a whole number within the allowed range, else a 400 naming it."""
+    """``weight`` if it is a whole number within the allowed range, else ``WeightRefused``."""
     if isinstance(weight, bool) or not isinstance(weight, int):
-        raise InvalidInput(
-            f"'weight' must be a whole number from {MIN_WEIGHT} to {MAX_WEIGHT}.",
-            code="invalid_value",
-            param="weight",
-        )
+        raise WeightRefused(f"'weight' must be a whole number from {MIN_WEIGHT} to {MAX_WEIGHT}.")
     if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-        raise InvalidInput(
-            f"'weight' must be from {MIN_WEIGHT} to {MAX_WEIGHT} (it is {weight}).",
-            code="invalid_value",
-            param="weight",
-        )
+        raise WeightRefused(f"'weight' must be from {MIN_WEIGHT} to {MAX_WEIGHT} (it is {weight}).")
     return weight
+
+
+def vtime_step(lines: int, weight: int) -> float:
+    """How far a lane's virtual time moves when ``lines`` of it are claimed."""
+    return lines / weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +74,7 @@ def split_claim(limit: int, lanes: Sequence[LaneTurn]) -> list[int]:
             left -= shares[i]
     # (virtual time after one more line, position): ties go to the lane picked first.
     turns = [
-        (lane.vtime + 1 / lane.weight, i, lane)
+        (lane.vtime + vtime_step(1, lane.weight), i, lane)
         for i, lane in enumerate(lanes)
         if not lane.urgent and lane.room > 0
     ]
@@ -78,5 +84,5 @@ def split_claim(limit: int, lanes: Sequence[LaneTurn]) -> list[int]:
         shares[i] += 1
         left -= 1
         if shares[i] < lane.room:
-            heapq.heappush(turns, (lane.vtime + (shares[i] + 1) / lane.weight, i, lane))
+            heapq.heappush(turns, (lane.vtime + vtime_step(shares[i] + 1, lane.weight), i, lane))
     return shares
