@@ -1,17 +1,28 @@
 // The org's credit and its ledger: credits added and what each batch was charged.
+// @ts-check
+
+/**
+ * @typedef {{
+ *   id: string, type: string, created_at: number, amount: import("./api.js").Amount,
+ *   reserved?: import("./api.js").Amount | null, note?: string | null,
+ *   batch_id?: string, batch_status?: string | null, model?: string | null,
+ * }} LedgerEntry
+ */
 
 import { ApiError, getJson, query } from "./api.js";
 import { apiMessage, h, replace, statusBadge, time, usd } from "./dom.js";
 
 const PAGE = 20;
+/** @type {(string | null)[]} */
 const history = [];
 
+/** @param {LedgerEntry} entry */
 function entryRow(entry) {
   const what =
     entry.type === "credit"
       ? [h("strong", {}, "Credit"), entry.note ? [h("br"), h("small", {}, entry.note)] : null]
       : [
-          h("a", { href: `#/batch/${encodeURIComponent(entry.batch_id)}` }, entry.batch_id),
+          h("a", { href: `#/batch/${encodeURIComponent(/** @type {string} */ (entry.batch_id))}` }, entry.batch_id),
           h("br"),
           h("small", { class: "muted" }, entry.model || ""),
           " ",
@@ -27,7 +38,12 @@ function entryRow(entry) {
   );
 }
 
-export function accountView(root, context, params) {
+/**
+ * @param {HTMLElement} root
+ * @param {import("./dom.js").ViewContext} _context
+ * @param {URLSearchParams} params
+ */
+export function accountView(root, _context, params) {
   const after = params.get("after") || null;
   if (!after) history.length = 0;
   const credit = h("div", { id: "credit" }, h("p", { class: "muted" }, "Loading…"));
@@ -54,6 +70,7 @@ export function accountView(root, context, params) {
     ),
     h("nav", { class: "pager", "aria-label": "Pages" }, previous, next),
   );
+  /** @type {string | null} */
   let nextCursor = null;
   previous.addEventListener("click", () => {
     location.hash = `#/account${query({ after: history.pop() ?? null })}`;
@@ -82,6 +99,7 @@ export function accountView(root, context, params) {
           ].map(([label, value, name]) => h("div", { class: "tile" }, h("dt", {}, label), h("dd", { "data-credit": name }, usd(value)))),
         ),
       );
+      /** @type {import("./api.js").Page<LedgerEntry>} */
       const page = await getJson(`/v1/organization/ledger${query({ limit: PAGE, after })}`);
       replace(tbody, page.data.length ? page.data.map(entryRow) : h("tr", {}, h("td", { colspan: 4 }, "No entries.")));
       nextCursor = page.has_more ? page.last_id : null;

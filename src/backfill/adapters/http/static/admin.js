@@ -1,5 +1,27 @@
 // With the admin token: engines (health, last error, in-flight, limit), the queue by model,
 // and every organization with its credit. Engines and the queue refresh every 5 s.
+// @ts-check
+
+/**
+ * An engine as GET /admin/v1/engines answers it; fields this page does not place are shown
+ * under "More".
+ * @typedef {{
+ *   id: string, worker: string, url?: string | null, healthy: boolean, state?: string | null,
+ *   healthy_since?: number | null, down_since?: number | null, last_error?: string | null,
+ *   in_flight?: number, concurrency_limit?: number, max_concurrency?: number,
+ *   mode?: string | null, signal?: string | null, pressure?: number | null,
+ *   models?: string[] | null, checked_at?: number | null, [field: string]: unknown,
+ * }} Engine
+ * @typedef {{
+ *   model: string, batches: number, in_progress: number, remaining_requests: number,
+ *   requests_per_s: number | null,
+ * }} QueueModel
+ * @typedef {{
+ *   id: string, name: string, weight: number, created_at: number,
+ *   credit: { available: string, balance: string, reserved: string },
+ * }} OrgRow
+ * @typedef {import("./dom.js").Child} Child
+ */
 
 import { ApiError, getJson, query } from "./api.js";
 import { Poller, apiMessage, count, h, replace, time, usd } from "./dom.js";
@@ -16,6 +38,10 @@ const PLACED = new Set([
   "pressure", "models", "checked_at",
 ]);
 
+/**
+ * @param {string} key
+ * @param {unknown} value
+ */
 function show(key, value) {
   if (value === null || value === undefined || value === "") return "—";
   if (typeof value === "number" && /(_at|_since)$/.test(key)) return time(value);
@@ -23,7 +49,9 @@ function show(key, value) {
   return String(value);
 }
 
+/** @param {Engine} engine */
 function health(engine) {
+  /** @type {Child[]} */
   const parts = [h("span", { class: `badge ${engine.healthy ? "healthy" : "unhealthy"}` }, engine.healthy ? "healthy" : "unhealthy")];
   // "standby": stopped on purpose until work waits for its models.
   if (engine.state && engine.state !== (engine.healthy ? "up" : "down")) parts.push(" ", h("small", {}, engine.state));
@@ -32,11 +60,13 @@ function health(engine) {
   return parts;
 }
 
+/** @param {Engine} engine */
 function engineRow(engine) {
   const mode = [engine.mode, engine.signal && engine.signal !== "fixed" ? `(${engine.signal})` : null]
     .filter(Boolean)
     .join(" ");
   const extra = Object.entries(engine).filter(([k]) => !PLACED.has(k));
+  /** @type {Child[]} */
   const cells = [
     [
       h("strong", {}, show("id", engine.id)),
@@ -60,6 +90,12 @@ function engineRow(engine) {
   );
 }
 
+/**
+ * @param {string} caption
+ * @param {string[]} headers
+ * @param {HTMLElement[]} rows
+ * @param {string} empty
+ */
 function table(caption, headers, rows, empty) {
   return h(
     "div",
@@ -74,6 +110,7 @@ function table(caption, headers, rows, empty) {
   );
 }
 
+/** @param {HTMLElement} root */
 export function adminView(root) {
   const engines = h("div", { id: "engines" }, h("p", { class: "muted" }, "Loading…"));
   const queue = h("div", { id: "queue" }, h("p", { class: "muted" }, "Loading…"));
@@ -96,6 +133,7 @@ export function adminView(root) {
 
   async function refresh() {
     try {
+      /** @type {{ data: Engine[] }} */
       const found = await getJson("/admin/v1/engines");
       replace(
         engines,
@@ -106,6 +144,7 @@ export function adminView(root) {
       else throw error;
     }
     try {
+      /** @type {{ data: QueueModel[] }} */
       const found = await getJson("/admin/v1/queue");
       replace(
         queue,
@@ -132,11 +171,16 @@ export function adminView(root) {
     }
   }
 
+  /** @type {(string | null)[]} */
   const cursors = [];
+  /** @type {string | null} */
   let current = null;
+  /** @type {string | null} */
   let nextCursor = null;
+  /** @param {string | null} after */
   async function loadOrgs(after) {
     try {
+      /** @type {import("./api.js").Page<OrgRow>} */
       const page = await getJson(`/admin/v1/orgs${query({ limit: PAGE, after })}`);
       current = after;
       nextCursor = page.has_more ? page.last_id : null;

@@ -1,4 +1,5 @@
 // The Batches page: sign in, then one view at a time, chosen by the URL's fragment.
+// @ts-check
 
 import { ApiError, getJson, session, whenUnauthorized } from "./api.js";
 import { h, replace } from "./dom.js";
@@ -9,15 +10,21 @@ import { batchesView } from "./batches.js";
 import { createView } from "./create.js";
 
 const WRITE = "inference:write";
-const $ = (id) => document.getElementById(id);
+// Every id it is given is in index.html.
+const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
+const secretInput = () => /** @type {HTMLInputElement} */ ($("secret"));
+
+/** @typedef {import("./api.js").KeyIdentity} KeyIdentity */
 
 // What the signed-in secret is: a key (its scopes and org) or the admin token.
+/** @type {{ identity: import("./api.js").Identity | null, cleanup: (() => void) | null }} */
 const state = { identity: null, cleanup: null };
 
 function canWrite() {
-  return Boolean(state.identity?.scopes?.includes(WRITE));
+  return Boolean(/** @type {Partial<KeyIdentity> | null} */ (state.identity)?.scopes?.includes(WRITE));
 }
 
+/** @type {import("./dom.js").ViewContext} */
 const context = {
   canWrite,
   identity: () => state.identity,
@@ -26,11 +33,13 @@ const context = {
     "Sign in with a key that has it to create, cancel or rerun batches.",
 };
 
+/** @type {[string, string][]} */
 const KEY_ROUTES = [
   ["#/batches", "Batches"],
   ["#/new", "New batch"],
   ["#/account", "Credit"],
 ];
+/** @type {[string, string][]} */
 const ADMIN_ROUTES = [["#/admin", "Operations"]];
 
 function renderNav() {
@@ -51,7 +60,7 @@ function renderNav() {
     ),
   );
   $("nav").hidden = false;
-  const who = state.identity;
+  const who = /** @type {KeyIdentity} */ (state.identity);
   $("who-text").textContent =
     session.role() === "admin"
       ? "Administrator"
@@ -59,6 +68,7 @@ function renderNav() {
   $("who").hidden = false;
 }
 
+/** @param {string} [message] */
 function showSignIn(message) {
   if (state.cleanup) state.cleanup();
   state.cleanup = null;
@@ -69,9 +79,10 @@ function showSignIn(message) {
   $("sign-in").hidden = false;
   $("sign-in-error").textContent = message || "";
   document.title = "Sign in · Backfill";
-  $("secret").focus();
+  secretInput().focus();
 }
 
+/** @param {string} [message] */
 function signOut(message) {
   session.clear();
   if (location.hash) history.replaceState(null, "", location.pathname);
@@ -80,6 +91,10 @@ function signOut(message) {
 
 // An API key reads who it is at /v1/api_key; anything else is tried as the admin token.
 // Keys start with "bf-", so a mistyped key never counts as a failed admin sign-in.
+/**
+ * @param {string} secret
+ * @returns {Promise<{ role: string, identity: import("./api.js").Identity }>}
+ */
 async function identify(secret) {
   if (secret.startsWith("bf-")) {
     return { role: "key", identity: await getJson("/v1/api_key", { secret }) };
@@ -88,24 +103,25 @@ async function identify(secret) {
   return { role: "admin", identity: { admin: true } };
 }
 
+/** @param {SubmitEvent} event */
 async function signIn(event) {
   event.preventDefault();
-  const secret = $("secret").value.trim();
+  const secret = secretInput().value.trim();
   $("sign-in-error").textContent = "";
   if (!secret) return;
-  const button = event.submitter || $("sign-in-form").querySelector("button");
+  const button = /** @type {HTMLButtonElement} */ (event.submitter || $("sign-in-form").querySelector("button"));
   button.disabled = true;
   try {
     const { role, identity } = await identify(secret);
     session.save(secret, role);
     state.identity = identity;
-    $("secret").value = "";
+    secretInput().value = "";
     $("sign-in").hidden = true;
     location.hash = role === "admin" ? "#/admin" : "#/batches";
     route();
   } catch (error) {
     $("sign-in-error").textContent =
-      error instanceof ApiError ? error.message : `Could not reach Backfill: ${error.message}`;
+      error instanceof ApiError ? error.message : `Could not reach Backfill: ${/** @type {Error} */ (error).message}`;
   } finally {
     button.disabled = false;
   }
@@ -113,6 +129,10 @@ async function signIn(event) {
 
 // An address the page has no view for (a batch id that is not well-formed percent-encoding,
 // say): said in words, with the way back; the address is shown as text.
+/**
+ * @param {HTMLElement} root
+ * @param {string} address
+ */
 function notFoundView(root, address) {
   replace(
     root,
@@ -124,6 +144,7 @@ function notFoundView(root, address) {
 
 // The batch id of a "#/batch/{id}" path; null when the rest is empty or not well-formed
 // percent-encoding (decodeURIComponent throws URIError on "%E0%A").
+/** @param {string} path */
 function batchIdOf(path) {
   try {
     return decodeURIComponent(path.slice("/batch/".length)) || null;
@@ -141,9 +162,10 @@ function route() {
   const params = new URLSearchParams(search || "");
   const view = $("view");
   const admin = session.role() === "admin";
+  /** @type {(() => void) | void} */
   let cleanup;
   if (admin) {
-    cleanup = adminView(view, context);
+    cleanup = adminView(view);
   } else if (path.startsWith("/batch/")) {
     const batchId = batchIdOf(path);
     cleanup = batchId === null ? notFoundView(view, `#${path}`) : batchView(view, context, batchId);
@@ -182,7 +204,7 @@ async function start() {
     $("sign-in").hidden = true;
     route();
   } catch (error) {
-    signOut(error instanceof ApiError ? error.message : `Could not reach Backfill: ${error.message}`);
+    signOut(error instanceof ApiError ? error.message : `Could not reach Backfill: ${/** @type {Error} */ (error).message}`);
   }
 }
 

@@ -1,6 +1,21 @@
 // One batch: progress over time, its status timeline, usage and cost, error codes, metadata,
 // notifications; cancel, download its files, rerun what failed. Request content appears only
 // when the user asks for results.
+// @ts-check
+
+/**
+ * @typedef {import("./api.js").Batch} Batch
+ * @typedef {import("./api.js").BatchCharges} BatchCharges
+ * @typedef {import("./dom.js").Child} Child
+ * @typedef {{
+ *   channel: string, event: string, target: string, status: string, attempts: number,
+ *   next_attempt_at?: number | null, last_status_code?: number | null, last_error?: string | null,
+ * }} Notification
+ * @typedef {{
+ *   data?: { code: string, count: number }[], rows_read: number, truncated: boolean,
+ *   complete: boolean,
+ * }} ErrorCodes
+ */
 
 import { ApiError, call, getJson, postJson } from "./api.js";
 import { addSample, historyPoints, loadSamples, progressChart } from "./chart.js";
@@ -14,13 +29,13 @@ import {
   replace,
   statusBadge,
   time,
-  usd,
 } from "./dom.js";
 import { costCell, progressCell } from "./batches.js";
 
 const REFRESH_MS = 2000;
 // The server's progress curve is read again with the poll, at most this often while it runs.
 const HISTORY_MS = 5000;
+/** @type {[keyof Batch, string][]} */
 const TIMELINE = [
   ["created_at", "Created"],
   ["in_progress_at", "In progress"],
@@ -32,20 +47,29 @@ const TIMELINE = [
   ["cancelled_at", "Cancelled"],
 ];
 
+/**
+ * @param {string} title
+ * @param {string} id
+ * @param {Child[]} children
+ */
 function section(title, id, ...children) {
   return h("section", { class: "card", "aria-labelledby": id }, h("h2", { id }, title), ...children);
 }
 
+/** @param {([string, Child] | null)[]} pairs */
 function dl(pairs) {
   return h(
     "dl",
     { class: "pairs" },
-    pairs.filter(Boolean).map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]),
+    pairs.filter((pair) => pair !== null).map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]),
   );
 }
 
+/** @param {Batch} batch */
 function timeline(batch) {
-  const events = TIMELINE.filter(([field]) => batch[field]).map(([field, label]) => [batch[field], label, field]);
+  const events = TIMELINE.filter(([field]) => batch[field]).map(
+    ([field, label]) => /** @type {[number, string, string]} */ ([batch[field], label, field]),
+  );
   events.sort((a, b) => a[0] - b[0]);
   const items = events.map(([at, label, field], i) =>
     h(
@@ -66,7 +90,12 @@ function timeline(batch) {
   return h("ol", { class: "timeline" }, items);
 }
 
+/**
+ * @param {Batch} batch
+ * @param {BatchCharges | null} charges
+ */
 function usage(batch, charges) {
+  /** @type {import("./api.js").Usage} */
   const u = batch.usage || {};
   const pricing = batch.pricing;
   return dl([
@@ -81,8 +110,10 @@ function usage(batch, charges) {
   ]);
 }
 
+/** @param {Batch} batch */
 function metadata(batch) {
   const entries = Object.entries(batch.metadata || {});
+  /** @type {([string, Child] | null)[]} */
   const pairs = [
     ["Model", batch.model],
     ["Endpoint", batch.endpoint],
@@ -90,16 +121,18 @@ function metadata(batch) {
     ["Input file", batch.input_file_id],
     batch.retry_of ? ["Reruns", h("a", { href: `#/batch/${encodeURIComponent(batch.retry_of)}` }, batch.retry_of)] : null,
     batch.webhook_url ? ["Webhook", batch.webhook_url] : null,
-    ...entries.map(([k, v]) => [k, v]),
+    ...entries.map(([k, v]) => /** @type {[string, Child]} */ ([k, v])),
   ];
   return dl(pairs);
 }
 
+/** @param {Notification} n */
 function lastAnswer(n) {
   const parts = [n.last_status_code ? `HTTP ${n.last_status_code}` : "", n.last_error || ""];
   return parts.filter(Boolean).join(" ") || "—";
 }
 
+/** @param {Notification[]} list */
 function notificationsTable(list) {
   if (!list.length) return h("p", { class: "muted" }, "No notifications: none are configured, or the batch has not ended.");
   return h(
@@ -129,6 +162,7 @@ function notificationsTable(list) {
   );
 }
 
+/** @param {ErrorCodes} found */
 function errorCodesTable(found) {
   const rows = found.data || [];
   const note = found.truncated
@@ -149,6 +183,11 @@ function errorCodesTable(found) {
 }
 
 // Saves the file through a Blob: the key travels in a header, never in a URL.
+/**
+ * @param {string} fileId
+ * @param {string} name
+ * @param {HTMLElement} area
+ */
 async function download(fileId, name, area) {
   try {
     const response = await call("GET", `/v1/files/${encodeURIComponent(fileId)}/content`);
@@ -165,6 +204,7 @@ async function download(fileId, name, area) {
   }
 }
 
+/** @param {string} text */
 function resultRows(text) {
   const rows = text.split("\n").filter(Boolean);
   if (!rows.length) return h("p", { class: "muted" }, "No results stored yet.");
@@ -172,6 +212,7 @@ function resultRows(text) {
     "ol",
     { class: "results" },
     rows.map((line) => {
+      /** @type {any} */
       let parsed = null;
       try {
         parsed = JSON.parse(line);
@@ -185,6 +226,11 @@ function resultRows(text) {
   );
 }
 
+/**
+ * @param {HTMLElement} root
+ * @param {import("./dom.js").ViewContext} context
+ * @param {string} batchId
+ */
 export function batchView(root, context, batchId) {
   const status = h("span", { id: "batch-status" });
   const waiting = h("div", { class: "waiting", role: "status" });
@@ -201,10 +247,14 @@ export function batchView(root, context, batchId) {
   // Status changes are announced to screen readers; the counts are not (too chatty).
   const announce = h("p", { class: "sr-only", role: "status", "aria-live": "polite" });
   const samples = loadSamples(batchId);
+  /** @type {import("./chart.js").Point[]} */
   let history = [];
   let historyReadAt = 0;
+  /** @type {Batch | null} */
   let batch = null;
+  /** @type {BatchCharges | null} */
   let charges = null;
+  /** @type {Poller | null} */
   let poller = null;
   let closed = false;
   let countedAtEnd = false;
@@ -262,6 +312,11 @@ export function batchView(root, context, batchId) {
     });
   });
 
+  /**
+   * @param {string} pending
+   * @param {() => Promise<Batch>} fn
+   * @param {(batch: Batch) => void} done
+   */
   async function act(pending, fn, done) {
     replace(actionMessage, h("p", { role: "status" }, pending));
     try {
@@ -270,11 +325,12 @@ export function batchView(root, context, batchId) {
       done(result);
     } catch (error) {
       if (error instanceof ApiError) replace(actionMessage, apiMessage(error, "The server refused:"));
-      else replace(actionMessage, h("p", { class: "error", role: "alert" }, String(error.message || error)));
+      else replace(actionMessage, h("p", { class: "error", role: "alert" }, String(/** @type {{ message?: string }} */ (error).message || error)));
     }
   }
 
-  function renderActions() {
+  /** @param {Batch} batch */
+  function renderActions(batch) {
     const writable = context.canWrite();
     const terminal = TERMINAL.has(batch.status);
     const cancellable = !terminal && batch.status !== "cancelling";
@@ -299,7 +355,7 @@ export function batchView(root, context, batchId) {
           type: "button",
           id: "download-output",
           disabled: !batch.output_file_id,
-          onclick: () => download(batch.output_file_id, `${batch.id}-output.jsonl`, actionMessage),
+          onclick: () => download(/** @type {string} */ (batch.output_file_id), `${batch.id}-output.jsonl`, actionMessage),
         },
         "Download output",
       ),
@@ -309,7 +365,7 @@ export function batchView(root, context, batchId) {
           type: "button",
           id: "download-errors",
           disabled: !batch.error_file_id,
-          onclick: () => download(batch.error_file_id, `${batch.id}-errors.jsonl`, actionMessage),
+          onclick: () => download(/** @type {string} */ (batch.error_file_id), `${batch.id}-errors.jsonl`, actionMessage),
         },
         "Download errors",
       ),
@@ -331,6 +387,7 @@ export function batchView(root, context, batchId) {
     replace(actions, buttons, reason);
   }
 
+  /** @param {Batch} fresh */
   function render(fresh) {
     if (batch && batch.status !== fresh.status) announce.textContent = `The batch is now ${fresh.status.replace("_", " ")}.`;
     batch = fresh;
@@ -343,11 +400,11 @@ export function batchView(root, context, batchId) {
         ? h("p", { class: "warning" }, h("strong", {}, "Waiting: "), w.message || w.code, w.since ? [" (since ", time(w.since), ")"] : null)
         : null,
     );
-    if (!actions.contains(document.activeElement)) renderActions();
+    if (!actions.contains(document.activeElement)) renderActions(batch);
     else {
       // Keep the focused button in place; only its state changes.
-      const focused = document.activeElement.id;
-      renderActions();
+      const focused = /** @type {Element} */ (document.activeElement).id;
+      renderActions(batch);
       document.getElementById(focused)?.focus();
     }
     const counts = batch.request_counts;
@@ -375,6 +432,7 @@ export function batchView(root, context, batchId) {
   }
 
   // ``final``: the batch ended, so its curve is read once more whenever it was read last.
+  /** @param {boolean} final */
   async function loadHistory(final) {
     if (!final && Date.now() - historyReadAt < HISTORY_MS) return;
     historyReadAt = Date.now();
@@ -387,6 +445,7 @@ export function batchView(root, context, batchId) {
   }
 
   async function loadCharges() {
+    /** @type {{ data: BatchCharges[] }} */
     const found = await getJson(`/v1/organization/batch_charges?ids=${encodeURIComponent(batchId)}`);
     charges = found.data[0] || null;
   }
@@ -394,6 +453,7 @@ export function batchView(root, context, batchId) {
   async function countCodes() {
     if (batch?.errors?.data?.length) return;
     try {
+      /** @type {ErrorCodes} */
       const found = await getJson(`/v1/batches/${encodeURIComponent(batchId)}/error_codes`);
       if (!closed) replace(codesBox, errorCodesTable(found));
     } catch (error) {
@@ -403,6 +463,7 @@ export function batchView(root, context, batchId) {
 
   async function loadNotifications() {
     try {
+      /** @type {{ data: Notification[] }} */
       const found = await getJson(`/v1/batches/${encodeURIComponent(batchId)}/notifications`);
       if (!closed) replace(notifyBox, notificationsTable(found.data));
     } catch (error) {
@@ -420,6 +481,7 @@ export function batchView(root, context, batchId) {
   }
 
   async function refresh() {
+    /** @type {Batch} */
     const fresh = await getJson(`/v1/batches/${encodeURIComponent(batchId)}`);
     await loadCharges();
     await loadHistory(TERMINAL.has(fresh.status));
@@ -443,6 +505,7 @@ export function batchView(root, context, batchId) {
 
   (async () => {
     try {
+      /** @type {Batch} */
       const first = await getJson(`/v1/batches/${encodeURIComponent(batchId)}`);
       await loadCharges();
       await loadHistory(true);

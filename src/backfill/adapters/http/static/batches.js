@@ -1,5 +1,12 @@
 // The batches of the org, newest first, a page at a time with the API's own cursor. While a
 // batch on the page runs, the page is read again every 2 s: one list call, one charges call.
+// @ts-check
+
+/**
+ * @typedef {import("./api.js").Batch} Batch
+ * @typedef {import("./api.js").BatchCharges} BatchCharges
+ * @typedef {{ shown: Batch[], read: number, next: string | null }} ListPage
+ */
 
 import { ApiError, getJson, query } from "./api.js";
 import {
@@ -23,8 +30,13 @@ const REFRESH_MS = 2000;
 
 // Cursors of the pages before this one, for "Previous" (kept for the tab, as the URL holds
 // only the current cursor).
+/** @type {(string | null)[]} */
 const history = [];
 
+/**
+ * @param {BatchCharges | null | undefined} charges
+ * @param {Batch | null} [batch]
+ */
 export function costCell(charges, batch) {
   if (!charges) return h("span", { class: "muted" }, "—");
   if (charges.billing === "gpu_time" || batch?.billing === "gpu_time") {
@@ -39,6 +51,7 @@ export function costCell(charges, batch) {
   );
 }
 
+/** @param {Batch} batch */
 export function progressCell(batch) {
   const counts = batch.request_counts || { total: 0, completed: 0, failed: 0 };
   const done = counts.completed + counts.failed;
@@ -60,12 +73,17 @@ export function progressCell(batch) {
   );
 }
 
+/** @param {Batch} batch */
 function waitingNote(batch) {
   const waiting = batch.waiting_on;
   if (!waiting || typeof waiting !== "object") return null;
   return h("small", { class: "warning" }, waiting.message || waiting.code || "waiting");
 }
 
+/**
+ * @param {Batch} batch
+ * @param {BatchCharges | undefined} charges
+ */
 function row(batch, charges) {
   return h(
     "tr",
@@ -85,8 +103,13 @@ function row(batch, charges) {
   );
 }
 
+/**
+ * @param {string[]} ids
+ * @returns {Promise<Map<string, BatchCharges>>}
+ */
 async function chargesOf(ids) {
   if (!ids.length) return new Map();
+  /** @type {import("./api.js").Page<BatchCharges>} */
   const found = await getJson(`/v1/organization/batch_charges${query({ ids: ids.join(",") })}`);
   return new Map(found.data.map((c) => [c.id, c]));
 }
@@ -94,7 +117,14 @@ async function chargesOf(ids) {
 // The batches of ``data`` (API rows, newest first) that a page shows: the first ``PAGE`` that
 // match the filter. ``read`` is how many API rows that took, ``next`` where Next continues
 // (the last row read, when any row follows it).
+/**
+ * @param {Batch[]} data
+ * @param {boolean} hasMore
+ * @param {string} status
+ * @returns {ListPage}
+ */
 function pageOf(data, hasMore, status) {
+  /** @type {Batch[]} */
   const shown = [];
   let read = 0;
   for (const batch of data) {
@@ -109,11 +139,17 @@ function pageOf(data, hasMore, status) {
 
 // One page of matches: API pages of ``PAGE`` read from ``after`` on, at most
 // ``MAX_SCANNED_PAGES`` of them with a filter.
+/**
+ * @param {string | null} after
+ * @param {string} status
+ */
 async function loadPage(after, status) {
+  /** @type {Batch[]} */
   const data = [];
   let hasMore = true;
   for (let scanned = 0; scanned < (status ? MAX_SCANNED_PAGES : 1) && hasMore; scanned++) {
     const cursor = data.length ? data[data.length - 1].id : after;
+    /** @type {import("./api.js").Page<Batch>} */
     const page = await getJson(`/v1/batches${query({ limit: PAGE, after: cursor })}`);
     hasMore = page.has_more;
     data.push(...page.data);
@@ -122,6 +158,11 @@ async function loadPage(after, status) {
   return pageOf(data, hasMore, status);
 }
 
+/**
+ * @param {HTMLElement} root
+ * @param {import("./dom.js").ViewContext} context
+ * @param {URLSearchParams} params
+ */
 export function batchesView(root, context, params) {
   const after = params.get("after") || null;
   const status = params.get("status") || "";
@@ -146,7 +187,7 @@ export function batchesView(root, context, params) {
     h("div", { class: "title-row" }, h("h1", {}, "Batches"), context.canWrite() ? h("a", { class: "button", href: "#/new" }, "New batch") : null),
     h(
       "form",
-      { class: "toolbar", onsubmit: (e) => e.preventDefault() },
+      { class: "toolbar", onsubmit: (/** @type {Event} */ e) => e.preventDefault() },
       h("label", { for: "status-filter" }, "Status"),
       filter,
     ),
@@ -170,6 +211,7 @@ export function batchesView(root, context, params) {
     h("nav", { class: "pager", "aria-label": "Pages" }, previous, next),
   );
 
+  /** @type {string | null} */
   let nextCursor = null;
   previous.addEventListener("click", () => {
     const before = history.pop() ?? null;
@@ -181,12 +223,17 @@ export function batchesView(root, context, params) {
     location.hash = `#/batches${query({ after: nextCursor, status })}`;
   });
 
+  /** @type {Poller | null} */
   let poller = null;
   let closed = false;
   // The API rows the page was built from: each refresh reads them again with one call.
   let span = PAGE;
   let shownIds = "";
 
+  /**
+   * @param {ListPage} page
+   * @param {Map<string, BatchCharges>} charges
+   */
   function render({ shown, next: cursor }, charges) {
     nextCursor = cursor;
     next.disabled = !cursor;
@@ -195,7 +242,7 @@ export function batchesView(root, context, params) {
     if (ids === shownIds) {
       // The same batches: only rows that changed are replaced, so focus stays where it is.
       for (const fresh of rows) {
-        const old = tbody.querySelector(`tr[data-batch="${CSS.escape(fresh.dataset.batch)}"]`);
+        const old = tbody.querySelector(`tr[data-batch="${CSS.escape(/** @type {string} */ (fresh.dataset.batch))}"]`);
         if (old && !old.isEqualNode(fresh)) old.replaceWith(fresh);
       }
     } else {
@@ -214,6 +261,7 @@ export function batchesView(root, context, params) {
   async function refresh() {
     let found;
     try {
+      /** @type {import("./api.js").Page<Batch>} */
       const page = await getJson(`/v1/batches${query({ limit: span, after })}`);
       found = pageOf(page.data, page.has_more, status);
     } catch (error) {

@@ -3,22 +3,39 @@
 // before it kept those times have none, and for them the page samples the counts while it is
 // open, kept in this tab's session storage so the chart survives a reload. The batch's own
 // timestamps add the points it knows for sure.
+// @ts-check
+
+/**
+ * A point of the chart: [unix time in seconds, requests done].
+ * @typedef {[number, number]} Point
+ * @typedef {import("./api.js").Batch} Batch
+ */
 
 import { svg, time } from "./dom.js";
 
 const MAX_SAMPLES = 400;
-const key = (id) => `backfill.samples.${id}`;
+const key = (/** @type {string} */ id) => `backfill.samples.${id}`;
 
+/**
+ * @param {string} id
+ * @returns {Point[]}
+ */
 export function loadSamples(id) {
   try {
     const stored = JSON.parse(sessionStorage.getItem(key(id)) || "[]");
-    return Array.isArray(stored) ? stored.filter((p) => Array.isArray(p) && p.length === 2) : [];
+    return Array.isArray(stored) ? stored.filter((/** @type {unknown} */ p) => Array.isArray(p) && p.length === 2) : [];
   } catch {
     return [];
   }
 }
 
+/**
+ * @param {string} id
+ * @param {Point[]} samples
+ * @param {Batch} batch
+ */
 export function addSample(id, samples, batch) {
+  /** @type {Partial<import("./api.js").RequestCounts>} */
   const counts = batch.request_counts || {};
   const done = (counts.completed || 0) + (counts.failed || 0);
   const now = Date.now() / 1000;
@@ -38,9 +55,12 @@ export function addSample(id, samples, batch) {
   return samples;
 }
 
+/** @param {Batch} batch */
 function knownPoints(batch) {
+  /** @type {Partial<import("./api.js").RequestCounts>} */
   const counts = batch.request_counts || {};
   const done = (counts.completed || 0) + (counts.failed || 0);
+  /** @type {Point[]} */
   const points = [];
   if (batch.created_at) points.push([batch.created_at, 0]);
   if (batch.in_progress_at) points.push([batch.in_progress_at, 0]);
@@ -51,12 +71,25 @@ function knownPoints(batch) {
 }
 
 // The server's points ({at, done}) as [time, done] pairs; none when it has no history.
+/**
+ * @param {{ points?: unknown } | null | undefined} progress
+ * @returns {Point[]}
+ */
 export function historyPoints(progress) {
+  /** @type {{ at?: unknown, done?: unknown }[]} */
   const points = Array.isArray(progress?.points) ? progress.points : [];
-  return points.filter((p) => Number.isFinite(p?.at) && Number.isFinite(p?.done)).map((p) => [p.at, p.done]);
+  return points
+    .filter((p) => Number.isFinite(p?.at) && Number.isFinite(p?.done))
+    .map((p) => [/** @type {number} */ (p.at), /** @type {number} */ (p.done)]);
 }
 
 // ``history``: the server's points; the page's samples stand in only when it has none.
+/**
+ * @param {Batch} batch
+ * @param {Point[]} samples
+ * @param {Point[]} [history]
+ * @returns {Point[]}
+ */
 export function series(batch, samples, history = []) {
   const end = batch.completed_at || batch.failed_at || batch.expired_at || batch.cancelled_at;
   // Once the batch ended, samples taken after its end say nothing new.
@@ -64,6 +97,7 @@ export function series(batch, samples, history = []) {
   const points = [...knownPoints(batch), ...kept];
   points.sort((a, b) => a[0] - b[0]);
   // Counts never go down: a sample taken before a known point cannot be above it.
+  /** @type {Point[]} */
   const out = [];
   let best = 0;
   for (const [t, done] of points) {
@@ -73,6 +107,11 @@ export function series(batch, samples, history = []) {
   return out;
 }
 
+/**
+ * @param {Batch} batch
+ * @param {Point[]} samples
+ * @param {Point[]} [history]
+ */
 export function progressChart(batch, samples, history = []) {
   const W = 640;
   const H = 220;
@@ -81,8 +120,8 @@ export function progressChart(batch, samples, history = []) {
   const points = series(batch, samples, history);
   const t0 = points.length ? points[0][0] : Date.now() / 1000;
   const t1 = points.length ? Math.max(points[points.length - 1][0], t0 + 1) : t0 + 1;
-  const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * (W - pad.left - pad.right);
-  const y = (v) => H - pad.bottom - (v / total) * (H - pad.top - pad.bottom);
+  const x = (/** @type {number} */ t) => pad.left + ((t - t0) / (t1 - t0)) * (W - pad.left - pad.right);
+  const y = (/** @type {number} */ v) => H - pad.bottom - (v / total) * (H - pad.top - pad.bottom);
   const done = points.length ? points[points.length - 1][1] : 0;
   const label = `Progress over time: ${done} of ${batch.request_counts?.total || 0} requests done`;
   const line = points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
@@ -117,6 +156,7 @@ export function progressChart(batch, samples, history = []) {
   return [chart, span];
 }
 
+/** @param {number} unix */
 function clock(unix) {
   const d = new Date(unix * 1000);
   return [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");

@@ -1,11 +1,16 @@
 // Upload a JSONL file and create a batch from it. A refused upload shows the API's message as
 // it was sent, with the line and field it names.
+// @ts-check
 
 import { ApiError, call, getJson, postJson } from "./api.js";
 import { apiMessage, h, replace } from "./dom.js";
 
 const ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"];
 
+/**
+ * @param {HTMLElement} root
+ * @param {import("./dom.js").ViewContext} context
+ */
 export function createView(root, context) {
   const writable = context.canWrite();
   const message = h("div", { class: "message-area", id: "create-message" });
@@ -45,14 +50,21 @@ export function createView(root, context) {
   // The endpoint of the models this org may use, so the first choice is usually right.
   getJson("/v1/models")
     .then((models) => {
-      const first = models.data.find((m) => m.batch)?.batch?.endpoints?.[0];
+      /** @type {{ batch?: { endpoints?: string[] } | null }[]} */
+      const data = models.data;
+      const first = data.find((m) => m.batch)?.batch?.endpoints?.[0];
       if (first && ENDPOINTS.includes(first)) endpoint.value = first;
     })
     .catch(() => {});
 
+  // The form's fields by name (form.elements.file and so on).
+  const fields = /** @type {HTMLFormControlsCollection & Record<"file" | "window" | "description", HTMLInputElement>} */ (
+    form.elements
+  );
+
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    const file = form.elements.file.files[0];
+    const file = /** @type {FileList} */ (fields.file.files)[0];
     if (!file) return;
     submit.disabled = true;
     replace(message, h("p", { role: "status" }, `Uploading ${file.name}…`));
@@ -65,16 +77,17 @@ export function createView(root, context) {
     } catch (error) {
       submit.disabled = !writable;
       if (error instanceof ApiError) replace(message, apiMessage(error, "The upload was refused:"));
-      else replace(message, h("p", { class: "error", role: "alert" }, `The upload failed: ${error.message}`));
+      else replace(message, h("p", { class: "error", role: "alert" }, `The upload failed: ${/** @type {Error} */ (error).message}`));
       return;
     }
     replace(message, h("p", { role: "status" }, `Uploaded ${uploaded.id}; creating the batch…`));
+    /** @type {{ input_file_id: string, endpoint: string, completion_window: string, metadata?: Record<string, string> }} */
     const body = {
       input_file_id: uploaded.id,
       endpoint: endpoint.value,
-      completion_window: form.elements.window.value.trim(),
+      completion_window: fields.window.value.trim(),
     };
-    const description = form.elements.description.value.trim();
+    const description = fields.description.value.trim();
     if (description) body.metadata = { description };
     try {
       const batch = await postJson("/v1/batches", body);
@@ -82,7 +95,7 @@ export function createView(root, context) {
     } catch (error) {
       submit.disabled = !writable;
       if (error instanceof ApiError) replace(message, apiMessage(error, `The file ${uploaded.id} was uploaded, but the batch was refused:`));
-      else replace(message, h("p", { class: "error", role: "alert" }, `The batch could not be created: ${error.message}`));
+      else replace(message, h("p", { class: "error", role: "alert" }, `The batch could not be created: ${/** @type {Error} */ (error).message}`));
     }
   });
 }

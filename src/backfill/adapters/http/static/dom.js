@@ -1,5 +1,30 @@
 // Building the page from data: text always goes in as text nodes, never as markup.
+// @ts-check
 
+/**
+ * What h() and replace() append: nodes, text, numbers; nested arrays are flattened and null,
+ * undefined and false are skipped. (A JSDoc type cannot name itself: three levels of arrays
+ * are checked, any deeper is not.)
+ * @typedef {Node | string | number | boolean | null | undefined} Leaf
+ * @typedef {Leaf | Array<Leaf | Array<Leaf | Array<Leaf | unknown[]>>>} Child
+ * @typedef {Record<string, unknown>} Attrs
+ */
+/**
+ * What app.js hands every view.
+ * @typedef {{
+ *   canWrite: () => boolean,
+ *   identity: () => import("./api.js").Identity | null,
+ *   readOnlyReason: () => string,
+ * }} ViewContext
+ */
+
+/**
+ * @template {keyof HTMLElementTagNameMap} K
+ * @param {K} tag
+ * @param {Attrs} [attrs]
+ * @param {Child[]} children
+ * @returns {HTMLElementTagNameMap[K]}
+ */
 export function h(tag, attrs = {}, ...children) {
   const element = document.createElement(tag);
   setAttributes(element, attrs);
@@ -9,6 +34,13 @@ export function h(tag, attrs = {}, ...children) {
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
+/**
+ * @template {keyof SVGElementTagNameMap} K
+ * @param {K} tag
+ * @param {Attrs} [attrs]
+ * @param {Child[]} children
+ * @returns {SVGElementTagNameMap[K]}
+ */
 export function svg(tag, attrs = {}, ...children) {
   const element = document.createElementNS(SVG_NS, tag);
   setAttributes(element, attrs);
@@ -16,33 +48,46 @@ export function svg(tag, attrs = {}, ...children) {
   return element;
 }
 
+/**
+ * @param {Element} element
+ * @param {Attrs} attrs
+ */
 function setAttributes(element, attrs) {
   for (const [name, value] of Object.entries(attrs)) {
     if (value === null || value === undefined || value === false) continue;
     if (name.startsWith("on") && typeof value === "function") {
-      element.addEventListener(name.slice(2), value);
+      element.addEventListener(name.slice(2), /** @type {EventListener} */ (value));
     } else if (name === "class") {
-      element.setAttribute("class", value);
+      element.setAttribute("class", /** @type {string} */ (value));
     } else {
       element.setAttribute(name, value === true ? "" : String(value));
     }
   }
 }
 
+/**
+ * @param {Element} element
+ * @param {Child[]} children
+ */
 function append(element, children) {
-  for (const child of children.flat(Infinity)) {
+  for (const child of /** @type {Child[]} */ (children.flat(Infinity))) {
     if (child === null || child === undefined || child === false) continue;
     element.append(child instanceof Node ? child : String(child));
   }
 }
 
+/**
+ * @param {Element} element
+ * @param {Child[]} children
+ */
 export function replace(element, ...children) {
   element.replaceChildren();
   append(element, children);
 }
 
-const pad = (n) => String(n).padStart(2, "0");
+const pad = (/** @type {number} */ n) => String(n).padStart(2, "0");
 
+/** @param {number | null | undefined} unix */
 export function time(unix) {
   if (unix === null || unix === undefined) return h("span", { class: "muted" }, "—");
   const date = new Date(unix * 1000);
@@ -52,6 +97,7 @@ export function time(unix) {
   return h("time", { datetime: date.toISOString() }, text);
 }
 
+/** @param {number} seconds */
 export function duration(seconds) {
   const s = Math.max(0, Math.round(seconds));
   if (s < 90) return `${s} s`;
@@ -60,12 +106,14 @@ export function duration(seconds) {
   return `${(s / 86400).toFixed(1)} d`;
 }
 
+/** @param {string | null | undefined} text */
 export function usd(text) {
   if (text === null || text === undefined) return "—";
   const value = String(text);
   return value.startsWith("-") ? `−$${value.slice(1)}` : `$${value}`;
 }
 
+/** @param {unknown} n */
 export function count(n) {
   return typeof n === "number" ? n.toLocaleString("en-US") : "—";
 }
@@ -83,12 +131,18 @@ export const STATUSES = [
   "cancelled",
 ];
 
+/** @param {string} status */
 export function statusBadge(status) {
   return h("span", { class: `badge status-${status}` }, status.replace("_", " "));
 }
 
 // A message from the API as it was sent: the text, and the line, field and code beside it.
+/**
+ * @param {import("./api.js").ApiError} error
+ * @param {string} [prefix]
+ */
 export function apiMessage(error, prefix) {
+  /** @type {[string, string][]} */
   const details = [];
   if (error.line !== null && error.line !== undefined) details.push(["Line", String(error.line)]);
   if (error.param) details.push(["Field", error.param]);
@@ -108,10 +162,15 @@ export function apiMessage(error, prefix) {
 // Runs ``fn`` every ``intervalMs`` while the tab is visible and until it returns false:
 // nothing is asked of the server for a hidden tab or for batches that will not change.
 export class Poller {
+  /**
+   * @param {() => Promise<boolean | void>} fn
+   * @param {number} intervalMs
+   */
   constructor(fn, intervalMs) {
     this.fn = fn;
     this.intervalMs = intervalMs;
-    this.timer = null;
+    /** @type {number | undefined} */
+    this.timer = undefined;
     this.stopped = true;
     this.running = false;
     this.onVisibility = () => {
@@ -127,6 +186,7 @@ export class Poller {
     return this;
   }
 
+  /** @param {number} ms */
   schedule(ms) {
     clearTimeout(this.timer);
     if (this.stopped || this.running || document.visibilityState === "hidden") return;
