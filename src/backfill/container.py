@@ -7,7 +7,6 @@ import logging
 import os
 import secrets
 import socket
-import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine, PressureProbe, Sealer
 from backfill.runner.engines import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
-from backfill.runner.worker import Worker, WorkerConfig
+from backfill.runner.worker import Worker
 from backfill.services.account import AccountService
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
@@ -165,10 +164,10 @@ def _raw_store(settings: Settings) -> RawStore:
 
         return S3RawStore(
             settings.storage_url,
-            endpoint_url=settings.s3_endpoint_url,
-            region=settings.s3_region,
-            access_key_id=settings.s3_access_key_id,
-            secret_access_key=settings.s3_secret_access_key,
+            endpoint_url=settings.s3.endpoint_url,
+            region=settings.s3.region,
+            access_key_id=settings.s3.access_key_id,
+            secret_access_key=settings.s3.secret_access_key,
         )
     return LocalRawStore(settings.resolved_storage_path)
 
@@ -227,7 +226,7 @@ def _engines(settings: Settings) -> _Engines:
         if spec.mode == Mode.SHARED and spec.signal != "latency":
             flavor = None if spec.signal == "auto" else Flavor(spec.signal)
             probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
-    built.sharing = Sharing(limits, probes, settings.pressure_interval_s)
+    built.sharing = Sharing(limits, probes, settings.worker.pressure_interval_s)
     return built
 
 
@@ -243,36 +242,24 @@ def _local(
 
 def _media_fetcher(settings: Settings) -> SafeFetcher:
     """Fetches https images when their requests run (SPEC §10.4, docs/security.md)."""
-    context = None
-    if settings.fetch_ca_file is not None:
-        context = ssl.create_default_context(cafile=str(settings.fetch_ca_file))
-    policy = FetchPolicy(
-        max_bytes=settings.max_media_part_bytes,
-        timeout_s=settings.fetch_timeout_s,
-        connect_timeout_s=settings.fetch_connect_timeout_s,
-        allow_http=settings.fetch_allow_http,
-        allow_private=settings.fetch_allow_private,
-        allowed_networks=tuple(settings.fetch_allowed_networks),
+    policy = FetchPolicy.outbound(
+        settings.fetch,
+        max_bytes=settings.limits.max_media_part_bytes,
+        connect_timeout_s=settings.fetch.connect_timeout_s,
     )
-    return SafeFetcher(policy, ssl_context=context)
+    return SafeFetcher(policy)
 
 
 def _webhooks(settings: Settings) -> SignedWebhooks:
     """Signs and posts webhooks under the same address rules as image fetches (SPEC §10.4)."""
-    context = None
-    if settings.webhook_ca_file is not None:
-        context = ssl.create_default_context(cafile=str(settings.webhook_ca_file))
-    policy = FetchPolicy(
+    policy = FetchPolicy.outbound(
+        settings.webhooks,
         # A receiver's answer is never read; the bound only keeps the policy whole.
         max_bytes=64 * 1024,
-        timeout_s=settings.webhook_timeout_s,
-        connect_timeout_s=min(5.0, settings.webhook_timeout_s),
+        connect_timeout_s=min(5.0, settings.webhooks.timeout_s),
         max_redirects=0,
-        allow_http=settings.webhook_allow_http,
-        allow_private=settings.webhook_allow_private,
-        allowed_networks=tuple(settings.webhook_allowed_networks),
     )
-    return SignedWebhooks(policy, ssl_context=context)
+    return SignedWebhooks(policy)
 
 
 def _notifier(
@@ -284,24 +271,25 @@ def _notifier(
     metrics: Metrics,
 ) -> Notifier:
     mailer = None
-    if settings.smtp_host:
+    smtp = settings.smtp
+    if smtp.host:
         mailer = SmtpMailer(
             SmtpSettings(
-                host=settings.smtp_host,
-                port=settings.smtp_port,
-                sender=settings.smtp_from,
-                security=settings.smtp_security,
-                username=settings.smtp_username,
-                password=settings.smtp_password,
-                timeout_s=settings.smtp_timeout_s,
+                host=smtp.host,
+                port=smtp.port,
+                sender=smtp.sender,
+                security=smtp.security,
+                username=smtp.username,
+                password=smtp.password,
+                timeout_s=smtp.timeout_s,
             )
         )
     config = NotifyConfig(
-        webhooks=RetrySchedule(settings.webhook_attempts, settings.webhook_retry_base_s),
-        emails=RetrySchedule(settings.email_attempts, settings.email_retry_base_s),
+        webhooks=RetrySchedule(settings.webhooks.attempts, settings.webhooks.retry_base_s),
+        emails=RetrySchedule(smtp.attempts, smtp.retry_base_s),
         # The transport's own timeout decides first, with its own message; this bounds the rest.
-        attempt_timeout_s=max(settings.webhook_timeout_s, settings.smtp_timeout_s) + 2,
-        interval_s=settings.notify_interval_s,
+        attempt_timeout_s=max(settings.webhooks.timeout_s, smtp.timeout_s) + 2,
+        interval_s=settings.worker.notify_interval_s,
         public_url=settings.public_url,
     )
     return Notifier(store, webhooks, mailer, sealer, clock, config, metrics)
@@ -350,17 +338,17 @@ def build(
     )
     catalog = CatalogService(store, clock)
     limits = Limits(
-        settings.max_file_bytes,
-        settings.max_lines,
-        settings.max_line_bytes,
+        settings.limits.max_file_bytes,
+        settings.limits.max_lines,
+        settings.limits.max_line_bytes,
         MediaLimits(
-            settings.max_media_part_bytes,
-            settings.max_media_bytes_per_line,
-            settings.max_media_parts_per_line,
+            settings.limits.max_media_part_bytes,
+            settings.limits.max_media_bytes_per_line,
+            settings.limits.max_media_parts_per_line,
             # Plain http image URLs are accepted at upload exactly when they can be fetched.
-            allow_http=settings.fetch_allow_http,
+            allow_http=settings.fetch.allow_http,
         ),
-        settings.max_expanded_file_bytes,
+        settings.limits.max_expanded_file_bytes,
     )
     files = FileService(
         store,
@@ -368,8 +356,8 @@ def build(
         catalog,
         clock,
         limits,
-        settings.input_file_ttl_s,
-        max_retained_input_bytes=settings.max_retained_input_bytes,
+        settings.limits.input_file_ttl_s,
+        max_retained_input_bytes=settings.limits.max_retained_input_bytes,
         on_damage=metrics.count_stored_file_damaged,
     )
     # Judges webhook URLs where they are given (batch creation, org endpoints) and, in a
@@ -388,7 +376,7 @@ def build(
             keyring,
             engines,
             clock,
-            WorkerConfig.from_settings(settings, sole_worker=role == "all" and store.is_sqlite),
+            settings.worker,
             catalog,
             starter,
             Janitor(
@@ -396,20 +384,24 @@ def build(
                 files,
                 clock,
                 notifications=store,
-                keep_notifications_s=settings.output_file_ttl_s,
+                keep_notifications_s=settings.limits.output_file_ttl_s,
             ),
             metrics,
             Planner(
                 store,
                 clock,
-                interval_s=settings.plan_interval_s,
-                margin_fraction=settings.deadline_margin_fraction,
+                interval_s=settings.scheduling.plan_interval_s,
+                margin_fraction=settings.scheduling.deadline_margin_fraction,
             ),
             sharing,
             built.on_demand,
             _media_fetcher(settings),
             _notifier(settings, store, webhooks, keyring, clock, metrics),
             name=_worker_name(),
+            limits=settings.limits,
+            fetch=settings.fetch,
+            # Only a worker alone on its database may take back every lease at start.
+            sole_worker=role == "all" and store.is_sqlite,
         )
     health = EngineHealth(store, clock, worker.engine_reports if worker is not None else None)
     batches = BatchService(
@@ -417,13 +409,15 @@ def build(
         files,
         catalog,
         clock,
-        min_window_s=settings.min_completion_window_s,
-        max_window_s=settings.max_completion_window_s,
+        min_window_s=settings.limits.min_completion_window_s,
+        max_window_s=settings.limits.max_completion_window_s,
         idempotency_required=settings.idempotency_required,
-        limits=OrgLimits(settings.max_unfinished_batches, settings.max_retained_input_bytes),
+        limits=OrgLimits(
+            settings.limits.max_unfinished_batches, settings.limits.max_retained_input_bytes
+        ),
         starter=starter,
         events=worker,
-        deadline_admission=settings.deadline_admission,
+        deadline_admission=settings.scheduling.deadline_admission,
         webhook_refusal=webhooks.refusal,
         health=health,
     )

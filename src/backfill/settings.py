@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Collection, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -157,39 +168,80 @@ class EngineSettings(BaseModel):
     priority: int | None = None
 
 
-class Settings(BaseSettings):
-    """Everything a Backfill process can be told."""
+class OutboundPolicy(BaseModel):
+    """Where Backfill's own outbound requests may go, and how long one may take: the rules
+    image fetches (``[fetch]``) and webhooks (``[webhooks]``) share (SPEC §10.4,
+    docs/security.md). The switches are for development and private deployments only."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="BACKFILL_",
-        env_nested_delimiter="__",
-        extra="ignore",
-    )
+    timeout_s: float = Field(10.0, gt=0)
+    # Plain http, and hosts on private or loopback addresses.
+    allow_http: bool = False
+    allow_private: bool = False
+    # Networks (CIDR) reached even when private: an internal image store, say.
+    allowed_networks: list[str] = Field(default_factory=list)
+    # A PEM bundle of CAs to trust instead of the system's (a private CA in development).
+    ca_file: Path | None = None
 
-    data_dir: Path = Path("backfill-data")
-    database_url: str = ""
-    storage_url: str = ""
-    master_key: str | None = None
-    # S3-compatible storage (storage_url = "s3://bucket/prefix"); credentials may also come
-    # from the usual AWS environment variables.
-    s3_endpoint_url: str | None = None
-    s3_region: str | None = None
-    s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
+    @field_validator("allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not a network; write it in CIDR, e.g. 10.1.2.0/24"
+                ) from None
+        return value
 
-    models: list[ModelSettings] = Field(default_factory=list)
-    deployments: list[DeploymentSettings] = Field(default_factory=list)
-    engines: list[EngineSettings] = Field(default_factory=list)
-    local_engine: bool = True
-    local_engine_concurrency: int = 2
-    # The embedded engine may serve people too (docs/scheduling.md); it has no metrics, so a
-    # shared one follows Backfill's latency.
-    local_engine_mode: Mode = Mode.DEDICATED
-    # Embeddings on the bundled model (LOCAL_EMBEDDING_MODEL): "auto" starts its llama.cpp
-    # process when an embeddings batch is waiting for it, "on" at start, "off" never.
-    local_embeddings: Literal["auto", "on", "off"] = "auto"
+
+class FetchSettings(OutboundPolicy):
+    """Fetching https image URLs when a request runs (SPEC §10.4, docs/security.md)."""
+
+    connect_timeout_s: float = Field(5.0, gt=0)
+    # All of one line's images together, fetched one after another.
+    total_timeout_s: float = Field(60.0, gt=0)
+    # Lines whose images one worker fetches at once (as many more wait for a place), before
+    # they take an engine slot: a slow image host holds a fetch place, never a slot.
+    concurrency: int = Field(16, ge=1, le=1024)
+
+
+class WebhookSettings(OutboundPolicy):
+    """Webhooks when a batch ends (SPEC §10.5, docs/notifications.md)."""
+
+    attempts: int = Field(3, ge=1, le=20)
+    # The n-th retry waits base * 4^(n-1) seconds, at most an hour.
+    retry_base_s: float = Field(30.0, gt=0)
+
+
+class MailSettings(BaseModel):
+    """Email: with ``host`` set, one is sent on every terminal state to the org's address."""
+
+    host: str | None = None
+    port: int = Field(587, ge=1, le=65535)
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    username: str | None = None
+    password: str | None = None
+    # The From address.
+    sender: str = "backfill@localhost"
+    timeout_s: float = Field(30.0, gt=0)
+    # A mail server may be down for a while: more attempts than a webhook gets (about 4 h).
+    attempts: int = Field(8, ge=1, le=50)
+    retry_base_s: float = Field(30.0, gt=0)
+
+
+class S3Settings(BaseModel):
+    """S3-compatible storage (storage_url = "s3://bucket/prefix"); credentials may also come
+    from the usual AWS environment variables."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+
+class LimitsSettings(BaseModel):
+    """What an org may upload, ask for and keep."""
 
     max_file_bytes: int = 256 * 1024 * 1024
     max_lines: int = 1_000_000
@@ -202,51 +254,18 @@ class Settings(BaseSettings):
     max_media_part_bytes: int = Field(10 * 1024 * 1024, ge=1)
     max_media_bytes_per_line: int = Field(16 * 1024 * 1024, ge=1)
     max_media_parts_per_line: int = Field(32, ge=1)
-    # Fetching https image URLs when a request runs (SPEC §10.4, docs/security.md).
-    fetch_timeout_s: float = Field(10.0, gt=0)
-    fetch_connect_timeout_s: float = Field(5.0, gt=0)
-    # All of one line's images together, fetched one after another.
-    fetch_total_timeout_s: float = Field(60.0, gt=0)
-    # Lines whose images one worker fetches at once (as many more wait for a place), before
-    # they take an engine slot: a slow image host holds a fetch place, never a slot.
-    fetch_concurrency: int = Field(16, ge=1, le=1024)
-    # For development and tests only: plain http, and hosts on private or loopback addresses.
-    fetch_allow_http: bool = False
-    fetch_allow_private: bool = False
-    # Networks (CIDR) fetched from even when private: an internal image store, say.
-    fetch_allowed_networks: list[str] = Field(default_factory=list)
-    # A PEM bundle of CAs to trust instead of the system's (a private CA in development).
-    fetch_ca_file: Path | None = None
-    # Notifications when a batch ends (SPEC §10.5, docs/notifications.md). Webhooks go through
-    # the same address rules as image fetches, with their own switches for development.
-    webhook_timeout_s: float = Field(10.0, gt=0)
-    webhook_attempts: int = Field(3, ge=1, le=20)
-    # The n-th retry waits base * 4^(n-1) seconds, at most an hour.
-    webhook_retry_base_s: float = Field(30.0, gt=0)
-    webhook_allow_http: bool = False
-    webhook_allow_private: bool = False
-    webhook_allowed_networks: list[str] = Field(default_factory=list)
-    webhook_ca_file: Path | None = None
-    # How often each worker looks for notifications that are due.
-    notify_interval_s: float = Field(1.0, gt=0)
-    # Email: set smtp_host to send one on every terminal state to the org's address.
-    smtp_host: str | None = None
-    smtp_port: int = Field(587, ge=1, le=65535)
-    smtp_security: Literal["starttls", "tls", "none"] = "starttls"
-    smtp_username: str | None = None
-    smtp_password: str | None = None
-    smtp_from: str = "backfill@localhost"
-    smtp_timeout_s: float = Field(30.0, gt=0)
-    # A mail server may be down for a while: more attempts than a webhook gets (about 4 h).
-    email_attempts: int = Field(8, ge=1, le=50)
-    email_retry_base_s: float = Field(30.0, gt=0)
-    # Where users reach this Backfill (for links in emails), e.g. https://batch.example.com.
-    public_url: str | None = None
+    max_unfinished_batches: int = 4
+    max_retained_input_bytes: int = 1024**3
     min_completion_window_s: int = 24 * 3600
     max_completion_window_s: int = 168 * 3600
     input_file_ttl_s: int = 24 * 3600
     output_file_ttl_s: int = 7 * 24 * 3600
 
+
+class WorkerSettings(BaseModel):
+    """How a worker paces its loops, leases and retries (what the runner is configured by)."""
+
+    # How long a claimed request, or a batch being finalized, stays leased without a heartbeat.
     lease_s: float = 60.0
     max_attempts: int = 5
     retry_base_s: float = 0.5
@@ -257,7 +276,7 @@ class Settings(BaseSettings):
     # more CPU than at 0.05 s (docs/performance.md). No pause when no other request runs.
     result_flush_s: float = 0.05
     # A batch still validating this long after creation is started by a worker (its creating
-    # process died or gave up); see runner/validating.py.
+    # process died or gave up, or serves the API only); see runner/validating.py.
     validating_grace_s: float = 30.0
     # A failed take-over of such a batch is tried again with backoff up to this long.
     validating_retry_max_s: float = Field(60.0, gt=0)
@@ -275,17 +294,29 @@ class Settings(BaseSettings):
     # How often a shared engine's metrics are read while they can be.
     pressure_interval_s: float = Field(0.1, gt=0)
     # An engine that does not pass its health check is logged (a warning naming it, its URL and
-    # the reason) within seconds of the worker's start, and again this often while it stays down.
+    # the reason) within seconds of the worker's start, and again this often while it stays
+    # down; a flapping engine's outages with one reason are not warned about more often.
     engine_down_log_interval_s: float = Field(300.0, gt=0)
-    default_org_credit_usd: str = "100"
-    idempotency_required: bool = False
-    max_unfinished_batches: int = 4
-    max_retained_input_bytes: int = 1024**3
-    admin_token: str | None = None
-    # When set, /metrics answers only to 'Authorization: Bearer <metrics_token>'.
-    metrics_token: str | None = None
-    # The HTTP edge: how much one client may make the API process hold, and for how long.
-    # A zero timeout would make the connection watchdog spin; a zero size refuses everything.
+    gpu_time_flush_s: float = 1.0
+    janitor_interval_s: float = 60.0
+    # How often each worker looks for notifications that are due.
+    notify_interval_s: float = Field(1.0, gt=0)
+
+
+class SchedulingSettings(BaseModel):
+    """Deadlines (docs/scheduling.md): how often a worker measures throughput, projects running
+    batches and marks urgent lanes; a batch is urgent once projected to finish within this
+    share of its window before its deadline; refuse batches the measured rate cannot finish."""
+
+    plan_interval_s: float = Field(5.0, gt=0)
+    deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
+    deadline_admission: bool = True
+
+
+class HttpSettings(BaseModel):
+    """The HTTP edge: how much one client may make the API process hold, and for how long.
+    A zero timeout would make the connection watchdog spin; a zero size refuses everything."""
+
     max_json_body_bytes: int = Field(1024 * 1024, ge=1)
     max_header_bytes: int = Field(64 * 1024, ge=1)
     header_timeout_s: float = Field(10.0, gt=0)
@@ -301,16 +332,6 @@ class Settings(BaseSettings):
     # the address the authentication brake counts).
     forwarded_allow_ips: list[str] = Field(default_factory=list)
 
-    gpu_time_flush_s: float = 1.0
-    janitor_interval_s: float = 60.0
-    # Scheduling (docs/scheduling.md): how often a worker measures throughput, projects running
-    # batches and marks urgent lanes; a batch is urgent once projected to finish within this
-    # share of its window before its deadline; refuse batches the measured rate cannot finish.
-    plan_interval_s: float = Field(5.0, gt=0)
-    deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
-    deadline_admission: bool = True
-    log_level: str = "info"
-
     @field_validator("forwarded_allow_ips")
     @classmethod
     def _proxy_networks(cls, value: list[str]) -> list[str]:
@@ -324,6 +345,250 @@ class Settings(BaseSettings):
                 ) from None
         return value
 
+
+# The names settings had before they were grouped into sections: each still works, in the
+# TOML file, as a BACKFILL_* variable and as a keyword of Settings(...), for this release.
+FLAT_KEYS: Mapping[str, tuple[str, str]] = {
+    "s3_endpoint_url": ("s3", "endpoint_url"),
+    "s3_region": ("s3", "region"),
+    "s3_access_key_id": ("s3", "access_key_id"),
+    "s3_secret_access_key": ("s3", "secret_access_key"),
+    "max_file_bytes": ("limits", "max_file_bytes"),
+    "max_lines": ("limits", "max_lines"),
+    "max_line_bytes": ("limits", "max_line_bytes"),
+    "max_expanded_file_bytes": ("limits", "max_expanded_file_bytes"),
+    "max_media_part_bytes": ("limits", "max_media_part_bytes"),
+    "max_media_bytes_per_line": ("limits", "max_media_bytes_per_line"),
+    "max_media_parts_per_line": ("limits", "max_media_parts_per_line"),
+    "max_unfinished_batches": ("limits", "max_unfinished_batches"),
+    "max_retained_input_bytes": ("limits", "max_retained_input_bytes"),
+    "min_completion_window_s": ("limits", "min_completion_window_s"),
+    "max_completion_window_s": ("limits", "max_completion_window_s"),
+    "input_file_ttl_s": ("limits", "input_file_ttl_s"),
+    "output_file_ttl_s": ("limits", "output_file_ttl_s"),
+    "fetch_timeout_s": ("fetch", "timeout_s"),
+    "fetch_connect_timeout_s": ("fetch", "connect_timeout_s"),
+    "fetch_total_timeout_s": ("fetch", "total_timeout_s"),
+    "fetch_concurrency": ("fetch", "concurrency"),
+    "fetch_allow_http": ("fetch", "allow_http"),
+    "fetch_allow_private": ("fetch", "allow_private"),
+    "fetch_allowed_networks": ("fetch", "allowed_networks"),
+    "fetch_ca_file": ("fetch", "ca_file"),
+    "webhook_timeout_s": ("webhooks", "timeout_s"),
+    "webhook_attempts": ("webhooks", "attempts"),
+    "webhook_retry_base_s": ("webhooks", "retry_base_s"),
+    "webhook_allow_http": ("webhooks", "allow_http"),
+    "webhook_allow_private": ("webhooks", "allow_private"),
+    "webhook_allowed_networks": ("webhooks", "allowed_networks"),
+    "webhook_ca_file": ("webhooks", "ca_file"),
+    "smtp_host": ("smtp", "host"),
+    "smtp_port": ("smtp", "port"),
+    "smtp_security": ("smtp", "security"),
+    "smtp_username": ("smtp", "username"),
+    "smtp_password": ("smtp", "password"),
+    "smtp_from": ("smtp", "sender"),
+    "smtp_timeout_s": ("smtp", "timeout_s"),
+    "email_attempts": ("smtp", "attempts"),
+    "email_retry_base_s": ("smtp", "retry_base_s"),
+    "lease_s": ("worker", "lease_s"),
+    "max_attempts": ("worker", "max_attempts"),
+    "retry_base_s": ("worker", "retry_base_s"),
+    "retry_max_s": ("worker", "retry_max_s"),
+    "poll_interval_s": ("worker", "poll_interval_s"),
+    "result_flush_s": ("worker", "result_flush_s"),
+    "validating_grace_s": ("worker", "validating_grace_s"),
+    "validating_retry_max_s": ("worker", "validating_retry_max_s"),
+    "lifecycle_interval_s": ("worker", "lifecycle_interval_s"),
+    "idle_poll_s": ("worker", "idle_poll_s"),
+    "dispatch_gather_s": ("worker", "dispatch_gather_s"),
+    "prefix_locality": ("worker", "prefix_locality"),
+    "pressure_interval_s": ("worker", "pressure_interval_s"),
+    "engine_down_log_interval_s": ("worker", "engine_down_log_interval_s"),
+    "gpu_time_flush_s": ("worker", "gpu_time_flush_s"),
+    "janitor_interval_s": ("worker", "janitor_interval_s"),
+    "notify_interval_s": ("worker", "notify_interval_s"),
+    "plan_interval_s": ("scheduling", "plan_interval_s"),
+    "deadline_margin_fraction": ("scheduling", "deadline_margin_fraction"),
+    "deadline_admission": ("scheduling", "deadline_admission"),
+    "max_json_body_bytes": ("http", "max_json_body_bytes"),
+    "max_header_bytes": ("http", "max_header_bytes"),
+    "header_timeout_s": ("http", "header_timeout_s"),
+    "body_idle_timeout_s": ("http", "body_idle_timeout_s"),
+    "max_connections": ("http", "max_connections"),
+    "auth_failure_limit": ("http", "auth_failure_limit"),
+    "auth_failure_window_s": ("http", "auth_failure_window_s"),
+    "forwarded_allow_ips": ("http", "forwarded_allow_ips"),
+}
+
+# The sources put the flat keys they met here (the file's and the environment's), for the
+# validator to take out: it names them in the deprecation notice and in validation errors.
+_FILE_FLAT = "__flat_keys_in_file__"
+_ENV_FLAT = "__flat_keys_in_env__"
+_ENV_PREFIX = "BACKFILL_"
+
+
+def _nest(data: dict[str, Any], *, flat_wins: bool) -> list[str]:
+    """Move each flat key of ``data`` into its section, in place; the keys moved.
+
+    ``flat_wins`` decides when one source gives a setting under both names: the file and the
+    environment keep the new name's value; keywords in code, the highest source, reach the
+    validator after the sources are merged, so their flat value is the one asked for."""
+    moved = [key for key in data if key in FLAT_KEYS]
+    for key in moved:
+        section_name, field = FLAT_KEYS[key]
+        section = data.get(section_name)
+        if isinstance(section, BaseModel):
+            section = section.model_dump(exclude_unset=True)
+        nested = dict(section) if isinstance(section, Mapping) else {}
+        value = data.pop(key)
+        if flat_wins or field not in nested:
+            nested[field] = value
+        data[section_name] = nested
+    return moved
+
+
+class _FlatKeysInFile(TomlConfigSettingsSource):
+    """The TOML file, its flat keys moved into their sections."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = dict(super().__call__())
+        if moved := _nest(data, flat_wins=False):
+            data[_FILE_FLAT] = moved
+        return data
+
+
+class _FlatKeysInEnv(EnvSettingsSource):
+    """``BACKFILL_*`` variables, a flat name read as its nested one (``BACKFILL_LEASE_S`` as
+    ``BACKFILL_WORKER__LEASE_S``) unless that is set too."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        env_vars = dict(super()._load_env_vars())
+        self.flat_keys: list[str] = []
+
+        def named(key: str) -> str:
+            name = f"{_ENV_PREFIX}{key}"
+            return name if self.case_sensitive else name.lower()
+
+        for flat, (section, field) in FLAT_KEYS.items():
+            if (value := env_vars.get(named(flat))) is not None:
+                self.flat_keys.append(flat)
+                env_vars.setdefault(named(f"{section}__{field}"), value)
+        return env_vars
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        if self.flat_keys:
+            data[_ENV_FLAT] = list(self.flat_keys)
+        return data
+
+
+def _new_name(flat: str) -> str:
+    section, field = FLAT_KEYS[flat]
+    return f"{section}.{field}"
+
+
+def _env_name(name: str) -> str:
+    """The variable that sets ``name`` (``worker.lease_s``: ``BACKFILL_WORKER__LEASE_S``)."""
+    return _ENV_PREFIX + name.replace(".", "__").upper()
+
+
+def _as_written(exc: ValidationError, flat_keys: Collection[str]) -> ValidationError:
+    """``exc`` with each setting given under its flat name named so, as the user wrote it."""
+    written = {FLAT_KEYS[key]: key for key in flat_keys}
+    errors: list[InitErrorDetails] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if len(loc) >= 2 and (name := written.get((str(loc[0]), str(loc[1])))) is not None:
+            loc = (name, *loc[2:])
+        details = InitErrorDetails(type=error["type"], loc=loc, input=error["input"])
+        if "ctx" in error:
+            details["ctx"] = error["ctx"]
+        errors.append(details)
+    return ValidationError.from_exception_data(exc.title, errors)
+
+
+class Settings(BaseSettings):
+    """Everything a Backfill process can be told: a few general settings, then one section per
+    concern (``settings.worker.lease_s``; ``[worker]`` in the file, ``BACKFILL_WORKER__LEASE_S``
+    in the environment)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=_ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    data_dir: Path = Path("backfill-data")
+    database_url: str = ""
+    storage_url: str = ""
+    master_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Where users reach this Backfill (for links in emails), e.g. https://batch.example.com.
+    public_url: str | None = None
+    admin_token: str | None = None
+    # When set, /metrics answers only to 'Authorization: Bearer <metrics_token>'.
+    metrics_token: str | None = None
+    default_org_credit_usd: str = "100"
+    idempotency_required: bool = False
+    log_level: str = "info"
+
+    models: list[ModelSettings] = Field(default_factory=list)
+    deployments: list[DeploymentSettings] = Field(default_factory=list)
+    engines: list[EngineSettings] = Field(default_factory=list)
+    local_engine: bool = True
+    local_engine_concurrency: int = 2
+    # The embedded engine may serve people too (docs/scheduling.md); it has no metrics, so a
+    # shared one follows Backfill's latency.
+    local_engine_mode: Mode = Mode.DEDICATED
+    # Embeddings on the bundled model (LOCAL_EMBEDDING_MODEL): "auto" starts its llama.cpp
+    # process when an embeddings batch is waiting for it, "on" at start, "off" never.
+    local_embeddings: Literal["auto", "on", "off"] = "auto"
+
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    fetch: FetchSettings = Field(default_factory=FetchSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    smtp: MailSettings = Field(default_factory=MailSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+    # The flat names the file and the environment used (for the notice at start).
+    _flat_in_file: tuple[str, ...] = PrivateAttr(default=())
+    _flat_in_env: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _sections(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
+        if not isinstance(data, dict):
+            return handler(data)
+        data = dict(data)
+        in_file = [str(key) for key in data.pop(_FILE_FLAT, [])]
+        in_env = [str(key) for key in data.pop(_ENV_FLAT, [])]
+        in_code = _nest(data, flat_wins=True)
+        try:
+            settings = handler(data)
+        except ValidationError as exc:
+            raise _as_written(exc, {*in_file, *in_env, *in_code}) from None
+        settings._flat_in_file = tuple(in_file)
+        settings._flat_in_env = tuple(in_env)
+        return settings
+
+    def renamed_keys_notice(self) -> str | None:
+        """One line naming the flat keys the file or the environment used and their new names
+        (None: none was used). Keywords in code are not named: they are no one's to rename."""
+        names = [f"{key} in the file is now {_new_name(key)}" for key in self._flat_in_file]
+        names += [
+            f"{_env_name(key)} is now {_env_name(_new_name(key))}" for key in self._flat_in_env
+        ]
+        if not names:
+            return None
+        return (
+            "settings under names that go in the next release (docs/configuration.md): "
+            + "; ".join(names)
+        )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -336,9 +601,11 @@ class Settings(BaseSettings):
         toml = _toml_file.get()
         if toml is None and (config := os.environ.get("BACKFILL_CONFIG")):
             toml = Path(config)
-        sources = [init_settings, env_settings]
+        # Each source moves its own flat keys into their sections, so that a flat key and a
+        # nested one from different sources keep the sources' order of precedence.
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _FlatKeysInEnv(settings_cls)]
         if toml is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+            sources.append(_FlatKeysInFile(settings_cls, toml_file=toml))
         return tuple(sources)
 
     @classmethod

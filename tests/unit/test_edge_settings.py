@@ -45,4 +45,4 @@ def test_smallest_edge_limits_are_accepted() -> None:
         max_json_body_bytes=1,
         max_connections=1,
     )
-    assert settings.max_connections == 1
+    assert settings.http.max_connections == 1

@@ -1,20 +1,11 @@
-"""The worker's configuration has one source: Settings, through one constructor."""
+"""The worker is configured by one section of Settings, ``settings.worker``."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from backfill.runner.worker import WorkerConfig
-from backfill.settings import Settings
+from backfill.settings import FetchSettings, LimitsSettings, Settings, WorkerSettings
 
 
-def test_worker_config_has_no_defaults_of_its_own() -> None:
-    for f in dataclasses.fields(WorkerConfig):
-        assert f.default is dataclasses.MISSING, f.name
-        assert f.default_factory is dataclasses.MISSING, f.name
-
-
-def test_every_field_comes_from_settings() -> None:
+def test_the_worker_section_holds_what_the_runner_reads() -> None:
     settings = Settings(
         lease_s=11.0,
         max_attempts=7,
@@ -36,8 +27,7 @@ def test_every_field_comes_from_settings() -> None:
         fetch_total_timeout_s=25.0,
         engine_down_log_interval_s=120.0,
     )
-    config = WorkerConfig.from_settings(settings, sole_worker=True)
-    assert config == WorkerConfig(
+    assert settings.worker == WorkerSettings(
         lease_s=11.0,
         max_attempts=7,
         retry_base_s=0.25,
@@ -48,14 +38,18 @@ def test_every_field_comes_from_settings() -> None:
         idle_poll_s=3.0,
         gpu_time_flush_s=2.0,
         janitor_interval_s=90.0,
-        output_ttl_s=3600,
         dispatch_gather_s=0.01,
-        sole_worker=True,
         validating_grace_s=12.0,
         validating_retry_max_s=45.0,
         prefix_locality=False,
-        media_line_bytes=12345,
-        fetch_concurrency=3,
-        fetch_total_s=25.0,
         engine_down_log_interval_s=120.0,
     )
+    # What the runner takes from the sections beside it.
+    assert settings.limits == LimitsSettings(output_file_ttl_s=3600, max_media_bytes_per_line=12345)
+    assert settings.fetch == FetchSettings(concurrency=3, total_timeout_s=25.0)
+
+
+def test_whether_a_worker_is_alone_is_no_setting() -> None:
+    # The container knows it (one embedded process on SQLite); no file or variable may say it.
+    assert "sole_worker" not in WorkerSettings.model_fields
+    assert Settings(sole_worker=True).worker == WorkerSettings()

@@ -51,6 +51,12 @@ def _logging(level: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+def _note_renamed(settings: Settings) -> None:
+    """Names the settings the file or the environment gave under their old flat names, once."""
+    if notice := settings.renamed_keys_notice():
+        logging.getLogger("backfill").warning("%s", notice)
+
+
 def _lock(data_dir: Path) -> int:
     """One embedded process per data directory: it alone owns the queue's leases."""
     private_dir(data_dir)
@@ -174,6 +180,7 @@ def up(
     settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
     _refuse_weak_admin_token(settings)
     _logging(settings.log_level)
+    _note_renamed(settings)
     _lock(settings.data_dir)
     with operator_errors():
         key = asyncio.run(_bootstrap(settings))
@@ -205,6 +212,7 @@ def serve(
     settings = load(config, port=port)
     _refuse_weak_admin_token(settings)
     _logging(settings.log_level)
+    _note_renamed(settings)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)
     with operator_errors():

@@ -121,7 +121,7 @@ def email_set(
 
     async def action(b: Backfill) -> str:
         await b.services.notifications.set_email(org, address)
-        note = "" if b.settings.smtp_host else " Set smtp_host for Backfill to send them."
+        note = "" if b.settings.smtp.host else " Set smtp_host for Backfill to send them."
         return f"Batch emails of {org} go to {address}.{note}"
 
     run_admin(admin_settings(config, data), action)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from backfill.domain import ids
@@ -55,73 +54,13 @@ from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
 from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
-from backfill.settings import Settings
+from backfill.settings import FetchSettings, LimitsSettings, WorkerSettings
 
 # The longest the GPU-time charging loop sleeps while no request of a private deployment runs
 # (a request that starts wakes it).
 _CHARGE_IDLE_S = 3600.0
 # How long a stop waits for the loops, and then the finalizes, to end before cancelling them.
 _STOP_GRACE_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    lease_s: float
-    max_attempts: int
-    retry_base_s: float
-    retry_max_s: float
-    poll_interval_s: float
-    result_flush_s: float
-    lifecycle_interval_s: float
-    # The dispatcher, lifecycle, notifier and on-demand check poll this rarely once their
-    # polls find nothing.
-    idle_poll_s: float
-    gpu_time_flush_s: float
-    janitor_interval_s: float
-    output_ttl_s: int
-    dispatch_gather_s: float
-    # Only a worker that is alone on its database may take back every lease at start.
-    sole_worker: bool
-    # A batch still ``validating`` this long after its creation is started by the lifecycle:
-    # the process that created it met a fault and may be gone (or serve the API only).
-    validating_grace_s: float
-    validating_retry_max_s: float
-    # Replicas of a model claim together and send each prompt prefix to one of them.
-    prefix_locality: bool
-    # All of a request's fetched https images together (max_media_bytes_per_line).
-    media_line_bytes: int
-    # Requests that fetch their remote images at once, holding no engine slot, and the most
-    # one request's images may take together.
-    fetch_concurrency: int
-    fetch_total_s: float
-    # While an engine stays down its warning is logged again this often; a flapping engine's
-    # outages with one reason are not warned about more often.
-    engine_down_log_interval_s: float
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, sole_worker: bool) -> WorkerConfig:
-        return cls(
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-            retry_base_s=settings.retry_base_s,
-            retry_max_s=settings.retry_max_s,
-            poll_interval_s=settings.poll_interval_s,
-            result_flush_s=settings.result_flush_s,
-            lifecycle_interval_s=settings.lifecycle_interval_s,
-            idle_poll_s=settings.idle_poll_s,
-            gpu_time_flush_s=settings.gpu_time_flush_s,
-            janitor_interval_s=settings.janitor_interval_s,
-            output_ttl_s=settings.output_file_ttl_s,
-            dispatch_gather_s=settings.dispatch_gather_s,
-            sole_worker=sole_worker,
-            validating_grace_s=settings.validating_grace_s,
-            validating_retry_max_s=settings.validating_retry_max_s,
-            prefix_locality=settings.prefix_locality,
-            media_line_bytes=settings.max_media_bytes_per_line,
-            fetch_concurrency=settings.fetch_concurrency,
-            fetch_total_s=settings.fetch_total_timeout_s,
-            engine_down_log_interval_s=settings.engine_down_log_interval_s,
-        )
 
 
 class WorkerStore(
@@ -138,7 +77,7 @@ class Worker:
         sealer: Sealer,
         engines: Sequence[Engine],
         clock: Clock,
-        config: WorkerConfig,
+        config: WorkerSettings,
         catalog: Catalog,
         starter: BatchStarter,
         janitor: Janitor,
@@ -149,12 +88,18 @@ class Worker:
         media: MediaFetcher | None = None,
         notifier: Notifier | None = None,
         name: str | None = None,
+        *,
+        limits: LimitsSettings,
+        fetch: FetchSettings,
+        sole_worker: bool,
     ) -> None:
-        """``name`` tells this worker's engine reports from other workers' (default: random)."""
+        """``name`` tells this worker's engine reports from other workers' (default: random).
+        Only a worker alone on its database (``sole_worker``) takes back every lease at start."""
         self._media = media
         self._notifier = notifier
         self._store = store
         self._config = config
+        self._sole_worker = sole_worker
         self._clock = clock
         self._janitor = janitor
         self._planner = planner
@@ -187,7 +132,7 @@ class Worker:
         # run; with none, the loop sleeps until one starts (an hour at most).
         self._charge_pace = Pace(config.gpu_time_flush_s, _CHARGE_IDLE_S)
         meter.on_begin = self._charge_pace.hurry
-        fetches = FetchPool(config.fetch_concurrency) if media is not None else None
+        fetches = FetchPool(fetch.concurrency) if media is not None else None
         self._requests = RequestRunner(
             attempts=Attempts(
                 RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_max_s),
@@ -203,9 +148,9 @@ class Worker:
             clock=clock,
             retry_max_s=config.retry_max_s,
             media=media,
-            media_line_bytes=config.media_line_bytes,
+            media_line_bytes=limits.max_media_bytes_per_line,
             fetches=fetches,
-            fetch_total_s=config.fetch_total_s,
+            fetch_total_s=fetch.total_timeout_s,
         )
         self._pool = EnginePool(
             engines,
@@ -245,7 +190,7 @@ class Worker:
             fetch_first=self._requests.fetch_first if fetches is not None else None,
         )
         self._charger = GpuCharger(meter, store, self._dispatcher.pause)
-        finalizer = Finalizer(store, blobs, sealer, clock, config.output_ttl_s, config.lease_s)
+        finalizer = Finalizer(store, blobs, sealer, clock, limits.output_file_ttl_s, config.lease_s)
         validating = ValidatingTakeover(
             store,
             starter,
@@ -267,7 +212,7 @@ class Worker:
         )
 
     async def start(self) -> None:
-        if self._config.sole_worker:
+        if self._sole_worker:
             await self._leases.release_all()
         self._results.start()
         self._pool.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
 from collections.abc import Collection
 
 import aiohttp
@@ -32,11 +31,10 @@ class SafeFetcher:
         self,
         policy: FetchPolicy,
         *,
-        ssl_context: ssl.SSLContext | None = None,
         lookup: Lookup = system_lookup,
     ) -> None:
         self.policy = policy
-        self._client = SafeClient(policy, ssl_context=ssl_context, lookup=lookup)
+        self._client = SafeClient(policy, lookup=lookup)
 
     async def fetch(self, url: str, content_types: Collection[str]) -> FetchedMedia:
         # Sorted so that a message names them in one order, whatever collection they came in.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from ipaddress import ip_network
 
 from backfill.adapters.fetch.addresses import IPAddress, IPNetwork, non_public_kind
+from backfill.settings import OutboundPolicy
 
 
 class Refused(OSError):
@@ -24,7 +26,8 @@ class FetchPolicy:
     ``timeout_s`` bounds the whole fetch, redirects and body included; ``connect_timeout_s``
     each connection attempt. ``allow_http``, ``allow_private`` and ``allowed_networks`` are for
     development and private deployments: they let a fetch reach plain HTTP, any address, or
-    the listed networks (``"10.1.2.0/24"``) although they are not public."""
+    the listed networks (``"10.1.2.0/24"``) although they are not public. ``ssl_context`` is
+    what verifies the servers' certificates (None: the system's CAs)."""
 
     max_bytes: int
     timeout_s: float
@@ -33,6 +36,32 @@ class FetchPolicy:
     allow_http: bool = False
     allow_private: bool = False
     allowed_networks: tuple[str, ...] = ()
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def outbound(
+        cls,
+        rules: OutboundPolicy,
+        *,
+        max_bytes: int,
+        connect_timeout_s: float,
+        max_redirects: int = 3,
+    ) -> FetchPolicy:
+        """The policy a settings section (``[fetch]``, ``[webhooks]``) describes, with the
+        bounds its user sets in code."""
+        context = None
+        if rules.ca_file is not None:
+            context = ssl.create_default_context(cafile=str(rules.ca_file))
+        return cls(
+            max_bytes=max_bytes,
+            timeout_s=rules.timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            max_redirects=max_redirects,
+            allow_http=rules.allow_http,
+            allow_private=rules.allow_private,
+            allowed_networks=tuple(rules.allowed_networks),
+            ssl_context=context,
+        )
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1 or self.timeout_s <= 0 or self.connect_timeout_s <= 0:

@@ -29,13 +29,14 @@ class SafeClient:
         self,
         policy: FetchPolicy,
         *,
-        ssl_context: ssl.SSLContext | None = None,
         lookup: Lookup = system_lookup,
     ) -> None:
         self.policy = policy
         self._rule = AddressRule(policy)
         self._lookup = lookup
-        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._ssl: ssl.SSLContext | bool = (
+            policy.ssl_context if policy.ssl_context is not None else True
+        )
         self._session: aiohttp.ClientSession | None = None
 
     def check(self, url: str | URL) -> URL:

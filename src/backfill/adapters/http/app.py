@@ -61,13 +61,13 @@ def create_app(
     app.state.admin_token = admin_token
     install_error_handlers(app)
     brake = None
-    if settings.auth_failure_limit > 0:
-        brake = FailureBrake(settings.auth_failure_limit, settings.auth_failure_window_s)
+    if settings.http.auth_failure_limit > 0:
+        brake = FailureBrake(settings.http.auth_failure_limit, settings.http.auth_failure_window_s)
     # Added first, so it runs inside RequestIdMiddleware and its refusals carry the request id.
     app.add_middleware(
         EdgeGuard,
         admin_token=admin_token,
-        max_json_body_bytes=settings.max_json_body_bytes,
+        max_json_body_bytes=settings.http.max_json_body_bytes,
         brake=brake,
     )
     app.add_middleware(RequestIdMiddleware)

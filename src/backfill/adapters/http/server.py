@@ -39,11 +39,12 @@ class ConnectionLimits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        edge = settings.http
         return cls(
-            max_header_bytes=settings.max_header_bytes,
-            header_timeout_s=settings.header_timeout_s,
-            body_idle_timeout_s=settings.body_idle_timeout_s,
-            max_connections=settings.max_connections,
+            max_header_bytes=edge.max_header_bytes,
+            header_timeout_s=edge.header_timeout_s,
+            body_idle_timeout_s=edge.body_idle_timeout_s,
+            max_connections=edge.max_connections,
         )
 
 
@@ -336,8 +337,8 @@ def server_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
         http=guarded_protocol(ConnectionLimits.from_settings(settings)),
         # Forwarded headers are believed only from the listed proxies; never from loopback by
         # default (uvicorn's own default, and its FORWARDED_ALLOW_IPS variable, are not used).
-        proxy_headers=bool(settings.forwarded_allow_ips),
-        forwarded_allow_ips=settings.forwarded_allow_ips,
+        proxy_headers=bool(settings.http.forwarded_allow_ips),
+        forwarded_allow_ips=settings.http.forwarded_allow_ips,
         # Backfill has no WebSocket routes; an upgrade request is answered as plain HTTP.
         ws="none",
     )

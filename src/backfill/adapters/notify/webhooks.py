@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -26,10 +25,9 @@ class SignedWebhooks:
         self,
         policy: FetchPolicy,
         *,
-        ssl_context: ssl.SSLContext | None = None,
         lookup: Lookup = system_lookup,
     ) -> None:
-        self._client = SafeClient(policy, ssl_context=ssl_context, lookup=lookup)
+        self._client = SafeClient(policy, lookup=lookup)
         self._timeout_s = policy.timeout_s
 
     def refusal(self, url: str) -> str | None:
