@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
+from backfill.adapters.http import wire
 from backfill.adapters.http.auth import bearer
 from backfill.adapters.http.deps import principal, services
-from backfill.adapters.http.presenters import api_key_object, list_object, money_object
+from backfill.adapters.http.presenters import api_key_object, list_object, money, plain
 from backfill.adapters.http.responses import json_response
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import BatchCharges, EntryKind, LedgerEntry, OrgAccount
@@ -24,43 +25,47 @@ Svc = Annotated[Services, Depends(services)]
 
 def entry_object(entry: LedgerEntry) -> dict[str, Any]:
     charge = entry.kind == EntryKind.BATCH
-    return {
-        "id": entry.id,
-        "object": "ledger_entry",
-        "type": entry.kind.value,
-        "created_at": int(entry.created_at),
-        # Charges leave the balance: signed, so a column of amounts adds up.
-        "amount": money_object(-entry.amount if charge else entry.amount),
-        "note": entry.note,
-        "batch_id": entry.id if charge else None,
-        "batch_status": entry.status,
-        "model": entry.model,
-        "reserved": money_object(entry.reserved) if charge else None,
-    }
+    return plain(
+        wire.LedgerEntry(
+            id=entry.id,
+            object="ledger_entry",
+            type=entry.kind.value,
+            created_at=int(entry.created_at),
+            # Charges leave the balance: signed, so a column of amounts adds up.
+            amount=money(-entry.amount if charge else entry.amount),
+            note=entry.note,
+            batch_id=entry.id if charge else None,
+            batch_status=entry.status,
+            model=entry.model,
+            reserved=money(entry.reserved) if charge else None,
+        )
+    )
 
 
 def charges_object(charges: BatchCharges) -> dict[str, Any]:
-    return {
-        "id": charges.id,
-        "object": "batch.charges",
-        "status": charges.status.value,
-        "billing": charges.billing.value,
-        "charged": money_object(charges.charged),
-        "reserved": money_object(charges.reserved),
-    }
+    return plain(
+        wire.BatchCharges(
+            id=charges.id,
+            object="batch.charges",
+            status=charges.status,
+            billing=charges.billing,
+            charged=money(charges.charged),
+            reserved=money(charges.reserved),
+        )
+    )
 
 
-def credit_object(account: OrgAccount) -> dict[str, Any]:
+def credit(account: OrgAccount) -> wire.Credit:
     """The org's credit in USD, as ``GET /admin/v1/orgs/{name}/ledger`` shows it; ``charges``
     is ``credits - balance`` (docs/api.md)."""
-    return {
-        "unit": "usd",
-        "credits": pico_to_usd(account.credits),
-        "charges": pico_to_usd(account.charges),
-        "balance": pico_to_usd(account.balance),
-        "reserved": pico_to_usd(account.reserved),
-        "available": pico_to_usd(account.available),
-    }
+    return wire.Credit(
+        unit="usd",
+        credits=pico_to_usd(account.credits),
+        charges=pico_to_usd(account.charges),
+        balance=pico_to_usd(account.balance),
+        reserved=pico_to_usd(account.reserved),
+        available=pico_to_usd(account.available),
+    )
 
 
 @router.get("/api_key", summary="The API key this request carries: its scopes and organization")
@@ -81,13 +86,15 @@ async def organization(caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     account = await svc.account.organization(caller.org_id)
     return json_response(
-        {
-            "id": account.org.id,
-            "object": "organization",
-            "name": account.org.name,
-            "created_at": account.org.created_at,
-            "credit": credit_object(account),
-        }
+        plain(
+            wire.Organization(
+                id=account.org.id,
+                object="organization",
+                name=account.org.name,
+                created_at=account.org.created_at,
+                credit=credit(account),
+            )
+        )
     )
 
 
@@ -122,12 +129,17 @@ async def error_codes(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     found = await svc.error_codes.count(caller.org_id, batch_id)
     return json_response(
-        {
-            "object": "batch.error_codes",
-            "batch_id": batch_id,
-            "data": [{"code": code, "count": count} for code, count in found.counts.items()],
-            "rows_read": found.read,
-            "truncated": found.truncated,
-            "complete": found.complete,
-        }
+        plain(
+            wire.BatchErrorCodes(
+                object="batch.error_codes",
+                batch_id=batch_id,
+                data=[
+                    wire.ErrorCodeCount(code=code, count=count)
+                    for code, count in found.counts.items()
+                ],
+                rows_read=found.read,
+                truncated=found.truncated,
+                complete=found.complete,
+            )
+        )
     )

@@ -2,77 +2,103 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
+
+from backfill.adapters.http import wire
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
-from backfill.domain.money import pico_to_usd
+from backfill.domain.money import Prices, pico_to_usd
 from backfill.domain.notifications import DeliveryState, Notification
 from backfill.domain.records import ApiKey, BatchRecord, Receipt
 
 
+def plain(obj: msgspec.Struct) -> dict[str, Any]:
+    """``obj`` as the dict the routes encode: field order kept, unset keys left out."""
+    out: dict[str, Any] = msgspec.to_builtins(obj)
+    return out
+
+
+def pricing(prices: Prices | None) -> wire.Pricing | None:
+    return None if prices is None else wire.Pricing(**prices.as_api())
+
+
 def file_object(record: FileRecord) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "object": "file",
-        "bytes": record.bytes,
-        "created_at": record.created_at,
-        "expires_at": record.expires_at,
-        "filename": record.filename,
-        "purpose": record.purpose,
-        "status": record.status,
-        "status_details": None,
-    }
+    return plain(
+        wire.File(
+            id=record.id,
+            object="file",
+            bytes=record.bytes,
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+            filename=record.filename,
+            purpose=record.purpose,
+            status=record.status,
+            status_details=None,
+        )
+    )
 
 
 def batch_object(b: BatchRecord) -> dict[str, Any]:
-    return {
-        "id": b.id,
-        "object": "batch",
-        "endpoint": b.endpoint,
-        "model": b.model,
-        "input_file_id": b.input_file_id,
-        "completion_window": b.completion_window,
-        "status": b.status,
-        "output_file_id": b.output_file_id,
-        "error_file_id": b.error_file_id,
-        "created_at": b.created_at,
-        "in_progress_at": b.in_progress_at,
-        "expires_at": b.expires_at,
-        "finalizing_at": b.finalizing_at,
-        "completed_at": b.completed_at,
-        "failed_at": b.failed_at,
-        "expired_at": b.expired_at,
-        "cancelling_at": b.cancelling_at,
-        "cancelled_at": b.cancelled_at,
-        "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
-        "errors": {"object": "list", "data": b.errors} if b.errors else None,
-        "metadata": b.metadata,
-        "usage": {
-            "input_tokens": b.input_tokens,
-            "input_tokens_details": {"cached_tokens": b.cached_tokens},
-            "output_tokens": b.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": b.input_tokens + b.output_tokens,
-        },
-        "model_config_id": b.model_config_id,
-        "billing": b.billing,
-        "pricing": b.prices.as_api() if b.prices else None,
-        "webhook_url": b.webhook_url,
-        # The batch whose failed, expired and cancelled lines this one reruns.
-        "retry_of": b.retry_of,
-        # Kept by the planner while the batch runs; before and after, there is none.
-        "estimated_completion_at": (
-            b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
-        ),
-        # Why it makes no progress now: no healthy engine serves its model (docs/api.md).
-        "waiting_on": (
-            {"code": w.code, "message": w.message, "since": w.since}
-            if (w := b.waiting_on) is not None
-            else None
-        ),
-    }
+    w = b.waiting_on
+    return plain(
+        wire.Batch(
+            id=b.id,
+            object="batch",
+            endpoint=b.endpoint,
+            model=b.model,
+            input_file_id=b.input_file_id,
+            completion_window=b.completion_window,
+            status=b.status,
+            output_file_id=b.output_file_id,
+            error_file_id=b.error_file_id,
+            created_at=b.created_at,
+            in_progress_at=b.in_progress_at,
+            expires_at=b.expires_at,
+            finalizing_at=b.finalizing_at,
+            completed_at=b.completed_at,
+            failed_at=b.failed_at,
+            expired_at=b.expired_at,
+            cancelling_at=b.cancelling_at,
+            cancelled_at=b.cancelled_at,
+            request_counts=wire.RequestCounts(
+                total=b.total, completed=b.completed, failed=b.failed
+            ),
+            errors=(
+                wire.BatchErrors(
+                    object="list", data=[msgspec.convert(e, wire.BatchError) for e in b.errors]
+                )
+                if b.errors
+                else None
+            ),
+            metadata=b.metadata,
+            usage=wire.BatchUsage(
+                input_tokens=b.input_tokens,
+                input_tokens_details=wire.InputTokensDetails(cached_tokens=b.cached_tokens),
+                output_tokens=b.output_tokens,
+                output_tokens_details=wire.OutputTokensDetails(reasoning_tokens=0),
+                total_tokens=b.input_tokens + b.output_tokens,
+            ),
+            model_config_id=b.model_config_id,
+            billing=b.billing,
+            pricing=pricing(b.prices),
+            webhook_url=b.webhook_url,
+            # The batch whose failed, expired and cancelled lines this one reruns.
+            retry_of=b.retry_of,
+            # Kept by the planner while the batch runs; before and after, there is none.
+            estimated_completion_at=(
+                b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
+            ),
+            # Why it makes no progress now: no healthy engine serves its model (docs/api.md).
+            waiting_on=(
+                wire.WaitingOn(code=w.code, message=w.message, since=w.since)
+                if w is not None
+                else None
+            ),
+        )
+    )
 
 
 def model_object(m: CatalogModel) -> dict[str, Any]:
@@ -112,46 +138,54 @@ def model_object(m: CatalogModel) -> dict[str, Any]:
     return data
 
 
-def money_object(pico: int) -> dict[str, str]:
+def money(pico: int) -> wire.Money:
     """An amount as receipts show it: exact picodollars and the same in USD."""
-    return {"unit": "picousd", "value": str(pico), "usd": pico_to_usd(pico)}
+    return wire.Money(unit="picousd", value=str(pico), usd=pico_to_usd(pico))
+
+
+def money_object(pico: int) -> dict[str, str]:
+    return plain(money(pico))
 
 
 def receipt_object(r: Receipt) -> dict[str, Any]:
-    return {
-        "object": "receipt",
-        "request_id": r.request_id,
-        "kind": r.kind,
-        "batch_id": r.batch_id,
-        "custom_id": r.custom_id,
-        "model_config_id": r.model_config_id,
-        "deployment_id": r.deployment_id,
-        "usage": {
-            "input_tokens": r.input_tokens,
-            "input_tokens_details": {"cached_tokens": r.cached_tokens},
-            "output_tokens": r.output_tokens,
-            "total_tokens": r.input_tokens + r.output_tokens,
-        },
-        "pricing": r.prices.as_api() if r.prices else None,
-        "gpu_count": r.gpu_count,
-        "gpu_ms": r.gpu_ms,
-        "amount": money_object(r.amount),
-        "started_at": r.started_at,
-        "created_at": r.created_at,
-    }
+    return plain(
+        wire.Receipt(
+            object="receipt",
+            request_id=r.request_id,
+            kind=r.kind,
+            batch_id=r.batch_id,
+            custom_id=r.custom_id,
+            model_config_id=r.model_config_id,
+            deployment_id=r.deployment_id,
+            usage=wire.ReceiptUsage(
+                input_tokens=r.input_tokens,
+                input_tokens_details=wire.InputTokensDetails(cached_tokens=r.cached_tokens),
+                output_tokens=r.output_tokens,
+                total_tokens=r.input_tokens + r.output_tokens,
+            ),
+            pricing=pricing(r.prices),
+            gpu_count=r.gpu_count,
+            gpu_ms=r.gpu_ms,
+            amount=money(r.amount),
+            started_at=r.started_at,
+            created_at=r.created_at,
+        )
+    )
 
 
 def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": bool(has_more),
-    }
+    return plain(
+        wire.ListOf(
+            object="list",
+            data=data,
+            first_id=data[0]["id"] if data else None,
+            last_id=data[-1]["id"] if data else None,
+            has_more=bool(has_more),
+        )
+    )
 
 
-_DELIVERY = {
+_DELIVERY: dict[DeliveryState, Literal["pending", "delivered", "failed"]] = {
     DeliveryState.PENDING: "pending",
     DeliveryState.DELIVERED: "delivered",
     DeliveryState.GIVEN_UP: "failed",
@@ -161,23 +195,25 @@ _DELIVERY = {
 def notification_object(n: Notification) -> dict[str, Any]:
     """One notification of a batch and where its delivery stands (docs/notifications.md)."""
     pending = n.state == DeliveryState.PENDING
-    return {
-        "id": n.id,
-        "object": "batch.notification",
-        "batch_id": n.batch_id,
-        "channel": n.channel.value,
-        "event": n.event,
-        "target": n.target,
-        "endpoint_id": n.endpoint_id,
-        "status": _DELIVERY[n.state],
-        "attempts": n.attempts,
-        "last_status_code": n.last_status_code,
-        "last_error": n.last_error,
-        "last_attempt_at": n.last_attempt_at,
-        "next_attempt_at": int(n.next_at) if pending else None,
-        "delivered_at": n.delivered_at,
-        "created_at": n.created_at,
-    }
+    return plain(
+        wire.BatchNotification(
+            id=n.id,
+            object="batch.notification",
+            batch_id=n.batch_id,
+            channel=n.channel,
+            event=n.event,
+            target=n.target,
+            endpoint_id=n.endpoint_id,
+            status=_DELIVERY[n.state],
+            attempts=n.attempts,
+            last_status_code=n.last_status_code,
+            last_error=n.last_error,
+            last_attempt_at=n.last_attempt_at,
+            next_attempt_at=int(n.next_at) if pending else None,
+            delivered_at=n.delivered_at,
+            created_at=n.created_at,
+        )
+    )
 
 
 def api_key_object(key: ApiKey) -> dict[str, Any]:

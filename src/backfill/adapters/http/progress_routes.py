@@ -9,7 +9,9 @@ import orjson
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
+from backfill.adapters.http import wire
 from backfill.adapters.http.deps import principal, services
+from backfill.adapters.http.presenters import plain
 from backfill.services.bundle import Services
 from backfill.services.tenants import READ, Principal
 
@@ -27,14 +29,14 @@ async def batch_progress(
 ) -> Response:
     caller.require(READ)
     found = await svc.results.progress(caller.org_id, batch_id)
-    body = {
-        "object": "batch.progress",
-        "batch_id": batch_id,
-        "total": found.total,
-        "points": [{"at": point.at, "done": point.done} for point in found.points],
-    }
+    body = wire.BatchProgress(
+        object="batch.progress",
+        batch_id=batch_id,
+        total=found.total,
+        points=[wire.ProgressPoint(at=point.at, done=point.done) for point in found.points],
+    )
     return Response(
-        orjson.dumps(body),
+        orjson.dumps(plain(body)),
         media_type="application/json",
         # Points are added while the batch runs: a cached answer would hide them.
         headers={"cache-control": "no-store"},
