@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SUITE_TESTS := 2,000
 SUITE_MINUTES := 12–25
 
-.PHONY: up test check lint fmt bench bench-drain-curve clean
+.PHONY: up test unit check lint fmt bench bench-drain-curve clean
 
 # llama.cpp is compiled from source when it is installed. Build it for a portable x86-64
 # baseline (AVX2), not for the build machine: a native build can use instructions (AMX) that the
@@ -34,11 +34,24 @@ up: $(SPEEDUPS)
 	$(VENV)/bin/backfill up
 
 check: $(SPEEDUPS)
-	@echo "Checking (ruff format, ruff, mypy, import-linter)…"
+	@echo "Checking (ruff format, ruff, mypy, import-linter, tsc)…"
 	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	@$(MAKE) --no-print-directory $(TSC_STAMP)
+	$(TSC_DIR)/node_modules/.bin/tsc -p $(TSC_DIR)
+
+# The dashboard's JavaScript is type-checked (JSDoc, strict) by the TypeScript compiler pinned
+# in tools/js (its tsconfig.json: checkJs, noEmit), installed again whenever its lock file
+# changes. A check that cannot run fails: CI has Node (.ci/run); elsewhere the line says why.
+TSC_DIR := tools/js
+TSC_STAMP := $(TSC_DIR)/node_modules/.backfill-installed
+
+$(TSC_STAMP): $(TSC_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is not installed: make check runs tsc over the dashboard's JavaScript, which needs Node 20 with npm (apt-get install nodejs npm)."; exit 1; }
+	@echo "Installing TypeScript (npm ci in $(TSC_DIR))…"
+	@npm ci --no-audit --no-fund --prefix $(TSC_DIR) && touch $@
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format src tests bench scripts
@@ -60,6 +73,14 @@ $(NODE_STAMP): $(NODE_DIR)/package-lock.json
 test: check $(if $(wildcard $(NODE_DIR)/package-lock.json),$(NODE_STAMP))
 	@echo "Running the suite: about $(SUITE_TESTS) tests, $(SUITE_MINUTES) minutes on 2 cores."
 	$(VENV)/bin/pytest
+
+# The unit tier alone (pure functions and small objects: no database, no sockets), in seconds:
+# tests/unit and the simulator's pure tests.
+UNIT_TESTS := tests/unit $(addprefix tests/simulator/,test_model.py test_prefix_cache.py \
+	test_priority.py test_metrics.py)
+
+unit: $(SPEEDUPS)
+	$(VENV)/bin/pytest $(UNIT_TESTS) -q
 
 # Each script prints its figures as ratios against a baseline measured in the same run.
 bench: $(SPEEDUPS)

@@ -1,4 +1,5 @@
-"""Helpers the benchmarks share: input files, processes, timing."""
+"""Helpers the benchmarks share: input files, processes, timing. The process launcher (free_port,
+wait_http, start_simulator, spawn_up, start_backfill, stop) is the tests' too."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def sim_config(
     path.write_text(
         f"""
 local_engine = false
-max_unfinished_batches = 1000
+limits.max_unfinished_batches = 1000
 {extra}
 
 [[models]]
@@ -103,25 +104,33 @@ request_timeout_s = 60
     return path
 
 
-def wait_http(url: str, timeout_s: float = 60) -> None:
+def wait_http(
+    url: str, process: subprocess.Popen[bytes] | None = None, timeout_s: float = 60
+) -> None:
+    """Wait until ``url`` answers below 500; fail early if ``process`` (what serves it) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before {url} answered")
         try:
-            httpx.get(url, timeout=1)
-            return
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
         except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
 
 
 def start_simulator(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``backfill simulate`` on a free port with ``args``, once it answers: (process, base URL
+    ending in /v1). The tests start their simulator processes with it too."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_http(f"http://127.0.0.1:{port}/health")
+    wait_http(f"http://127.0.0.1:{port}/health", process)
     return process, f"http://127.0.0.1:{port}/v1"
 
 
@@ -149,10 +158,12 @@ def spawn_up(config: Path, data: Path, port: int, log: Path) -> subprocess.Popen
 
 
 def start_backfill(config: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``backfill up`` on a free port, once it answers: (process, base URL, the API key it
+    printed). The tests start their server processes with it too."""
     port = free_port()
     process = spawn_up(config, data, port, log)
     base = f"http://127.0.0.1:{port}"
-    wait_http(base + "/healthz")
+    wait_http(base + "/healthz", process)
     match = re.search(r"bf-[A-Za-z0-9_-]+", log.read_text())
     if match is None:
         raise RuntimeError(log.read_text())
@@ -195,10 +206,12 @@ def multipart(path: Path, boundary: str = "backfillbench") -> tuple[Iterator[byt
     return body(), f"multipart/form-data; boundary={boundary}"
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    """Terminate ``process`` (if it still runs) and wait for it; kill it if it hangs."""
+    if process.poll() is None:
+        process.terminate()
     try:
-        process.wait(15)
+        process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -12,10 +12,10 @@ from tests.support import (
     InProcess,
     ServerProcess,
     SimulatorProcess,
+    backfill_process,
     in_process_backfill,
     running_simulator,
-    start_server_process,
-    start_simulator_process,
+    simulator_process,
 )
 
 
@@ -36,18 +36,12 @@ async def backfill(tmp_path: Path, sim: tuple[str, Simulator]) -> AsyncIterator[
 @pytest.fixture
 def sim_process() -> Iterator[SimulatorProcess]:
     """``backfill simulate`` as a real process."""
-    process = start_simulator_process()
-    try:
+    with simulator_process() as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
 def server_process(tmp_path: Path, sim_process: SimulatorProcess) -> Iterator[ServerProcess]:
     """``backfill up`` as a real process, its engine the simulator process."""
-    process = start_server_process(tmp_path, sim_process.base_url)
-    try:
+    with backfill_process(tmp_path, sim_process.base_url) as process:
         yield process
-    finally:
-        process.stop()

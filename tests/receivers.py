@@ -20,7 +20,7 @@ from aiohttp import web
 from aiosmtpd.controller import Controller
 from standardwebhooks.webhooks import Webhook
 
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,13 @@ class WebhookReceiver:
         raise AssertionError(f"{len(self.received)} webhooks arrived, not {count}")
 
     async def wait_for_async(self, count: int, timeout_s: float = 30) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        async def arrived() -> list[Received]:
             with self._lock:
-                if len(self.received) >= count:
-                    return list(self.received)
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"{len(self.received)} webhooks arrived, not {count}")
+                return list(self.received)
+
+        return await eventually(
+            arrived, lambda got: len(got) >= count, timeout_s, what=f"{count} webhooks"
+        )
 
 
 @contextmanager

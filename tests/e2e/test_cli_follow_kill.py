@@ -28,8 +28,8 @@ from tests.support import (
     batch_of,
     chat_line,
     jsonl,
+    simulator_process,
     start_server_process,
-    start_simulator_process,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -81,11 +81,8 @@ def _kill_after_rows(
 
 @pytest.fixture
 def slow_sim() -> Iterator[SimulatorProcess]:
-    process = start_simulator_process("--ttft-ms", "150", "--itl-ms", "0")
-    try:
+    with simulator_process("--ttft-ms", "150", "--itl-ms", "0") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def test_killed_runs_resume_and_write_every_row_exactly_once(

@@ -19,8 +19,8 @@ from tests.support import (
     batch_of,
     chat_line,
     rows_of,
+    simulator_process,
     start_server_process,
-    start_simulator_process,
     submit,
 )
 
@@ -31,11 +31,8 @@ TOTAL = 2000
 
 @pytest.fixture
 def fast_sim() -> Iterator[SimulatorProcess]:
-    process = start_simulator_process("--ttft-ms", "20", "--itl-ms", "0")
-    try:
+    with simulator_process("--ttft-ms", "20", "--itl-ms", "0") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def test_sigkill_mid_batch_loses_and_duplicates_nothing(

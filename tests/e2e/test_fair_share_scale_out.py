@@ -9,7 +9,6 @@ time its worker finished it, so the windows below are exact, whatever the pollin
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import subprocess
@@ -25,6 +24,7 @@ from tests.support import (
     Api,
     SimulatorProcess,
     chat_line,
+    eventually,
     free_port,
     serve_role,
     stop_all,
@@ -67,10 +67,14 @@ async def served_between(db: asyncpg.Connection, batch_id: str, start: float, en
 async def wait_for(
     db: asyncpg.Connection, batch_id: str, nth: int, timeout_s: float = 120
 ) -> float:
-    deadline = time.monotonic() + timeout_s
-    while (at := await finished_at(db, batch_id, nth)) is None:
-        assert time.monotonic() < deadline, f"{batch_id} did not reach {nth} in {timeout_s}s"
-        await asyncio.sleep(0.05)
+    at = await eventually(
+        lambda: finished_at(db, batch_id, nth),
+        lambda at: at is not None,
+        timeout_s,
+        what=f"{batch_id} to reach {nth}",
+        interval_s=0.05,
+    )
+    assert at is not None
     return at
 
 

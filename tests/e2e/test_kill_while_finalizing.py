@@ -18,8 +18,8 @@ from tests.support import (
     batch_of,
     chat_line,
     rows_of,
+    simulator_process,
     start_server_process,
-    start_simulator_process,
     submit,
 )
 
@@ -35,11 +35,8 @@ AFTER_RESTART_S = 30
 def wordy_sim() -> Iterator[SimulatorProcess]:
     """Fast answers with long texts, so a finalize has megabytes to write and lasts long
     enough to be caught."""
-    process = start_simulator_process("--ttft-ms", "1", "--itl-ms", "0", "--output-tokens", "600")
-    try:
+    with simulator_process("--ttft-ms", "1", "--itl-ms", "0", "--output-tokens", "600") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def kill_while_finalizing(

@@ -35,8 +35,8 @@ from tests.support import (
     batch_of,
     chat_line,
     rows_of,
+    simulator_process,
     start_server_process,
-    start_simulator_process,
     submit,
 )
 
@@ -50,11 +50,8 @@ PRICES = Prices(SIM_PRICES.input, SIM_PRICES.cached_input or SIM_PRICES.input, S
 
 @pytest.fixture
 def slowish_sim() -> Iterator[SimulatorProcess]:
-    process = start_simulator_process("--ttft-ms", "20", "--itl-ms", "0", "--seed", "7")
-    try:
+    with simulator_process("--ttft-ms", "20", "--itl-ms", "0", "--seed", "7") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def done(batch: dict[str, Any]) -> int:

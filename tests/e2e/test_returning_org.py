@@ -6,11 +6,9 @@ review, M1)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from tests.support import (
     chat_line,
     create_pg_database,
     drop_pg_database,
+    eventually,
     free_port,
     serve_role,
     start_server_process,
@@ -96,10 +95,13 @@ async def reach(
     api: Api, headers: dict[str, str], batch_id: str, count: int, timeout_s: float = 120
 ) -> None:
     """Wait until ``count`` of the batch's requests completed."""
-    deadline = time.monotonic() + timeout_s
-    while await completed(api, headers, batch_id) < count:
-        assert time.monotonic() < deadline, f"{batch_id} did not reach {count} in {timeout_s}s"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: completed(api, headers, batch_id),
+        lambda done: done >= count,
+        timeout_s,
+        what=f"{count} completed requests of {batch_id}",
+        interval_s=0.05,
+    )
 
 
 async def test_a_returning_org_moves_in_step_at_once(deployment: Api) -> None:

@@ -29,6 +29,7 @@ from tests.support import (
     ServerProcess,
     SimulatorProcess,
     chat_line,
+    eventually,
     free_port,
     wait_http,
 )
@@ -152,20 +153,26 @@ async def test_plain_lines_are_not_paced_by_another_orgs_slow_images(
     slow = await api.org("slow-images", 1)
     plain = await api.org("plain", 1)
     slow_id = await api.submit(slow, [image_line(trickle_host.base, i) for i in range(LINES)])
+
     # Org A's lines are fetching: every engine slot would be theirs if fetches held slots.
-    deadline = time.monotonic() + 30
-    while trickle_host.sending < 4:
-        assert time.monotonic() < deadline, "org A's images were never asked for"
-        await asyncio.sleep(0.02)
+    async def images_asked() -> int:
+        return trickle_host.sending
+
+    await eventually(images_asked, lambda n: n >= 4, 30, what="org A's images to be asked for")
 
     started = time.monotonic()
     plain_id = await api.submit(plain, [chat_line(f"b-{i}") for i in range(LINES)])
-    while True:
-        a, b = await api.batch(slow, slow_id), await api.batch(plain, plain_id)
-        if b["status"] == "completed" or a["request_counts"]["completed"] > 0:
-            break
-        assert time.monotonic() - started < 120, (a["request_counts"], b["request_counts"])
-        await asyncio.sleep(0.05)
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        return await api.batch(slow, slow_id), await api.batch(plain, plain_id)
+
+    a, b = await eventually(
+        both,
+        lambda ab: ab[1]["status"] == "completed" or ab[0]["request_counts"]["completed"] > 0,
+        120,
+        what="org B's batch to end, or one of org A's lines",
+        interval_s=0.05,
+    )
     plain_s = time.monotonic() - started
     sending = trickle_host.sending
     # B ended before any of A's lines could have (each needs its 4 images, 4 x TRICKLE_S),
@@ -177,10 +184,13 @@ async def test_plain_lines_are_not_paced_by_another_orgs_slow_images(
     print(f"\norg B's {LINES} plain lines: {plain_s:.2f} s, with {sending} of A's images arriving")
 
     # A's lines end too, each once, every image inline.
-    deadline = time.monotonic() + 120
-    while (a := await api.batch(slow, slow_id))["status"] != "completed":
-        assert time.monotonic() < deadline, a["request_counts"]
-        await asyncio.sleep(0.2)
+    a = await eventually(
+        lambda: api.batch(slow, slow_id),
+        lambda a: a["status"] == "completed",
+        120,
+        what="org A's batch to complete",
+        interval_s=0.2,
+    )
     assert a["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
     out = await api.rows(slow, a["output_file_id"])
     assert sorted(row["custom_id"] for row in out) == sorted(f"a-{i}" for i in range(LINES))

@@ -4,7 +4,6 @@ ledger, batch charges, error codes) and the admin views (``/admin/v1/orgs``,
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,13 @@ from backfill.domain.money import usd_to_pico
 from backfill.services.tenants import READ, SCOPES, WRITE
 from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
-    TERMINAL,
     InProcess,
     chat_line,
+    eventually,
     in_process_backfill,
     jsonl,
     running_simulator,
+    wait_terminal,
 )
 
 ADMIN_TOKEN = "admin-token-for-the-account-views"
@@ -61,14 +61,7 @@ async def run_as(bf: InProcess, key: str, rows: list[dict[str, Any]]) -> dict[st
     )
     assert created.status_code == 200, created.text
     batch_id = created.json()["id"]
-    for _ in range(1200):
-        batch: dict[str, Any] = (
-            await bf.client.get(f"/v1/batches/{batch_id}", headers=bearer(key))
-        ).json()
-        if batch["status"] in TERMINAL:
-            return batch
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"batch {batch_id} did not end")
+    return await wait_terminal(bf.client, batch_id, headers=bearer(key), timeout_s=60)
 
 
 def error(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -369,11 +362,20 @@ async def test_admin_sees_the_queue_by_model(tmp_path: Path) -> None:
         rows = [chat_line(f"r{i}", "[[sim:delay_ms=4500]]") for i in range(3)]
         uploaded = await bf.upload(jsonl(rows))
         created = (await bf.create(uploaded.json()["id"])).json()
-        for _ in range(600):
-            queue = (await bf.client.get("/admin/v1/queue", headers=admin)).json()["data"]
-            if queue and queue[0]["in_progress"] == 1:
-                break
-            await asyncio.sleep(0.05)
+
+        async def read_queue() -> list[dict[str, Any]]:
+            data: list[dict[str, Any]] = (
+                await bf.client.get("/admin/v1/queue", headers=admin)
+            ).json()["data"]
+            return data
+
+        queue = await eventually(
+            read_queue,
+            lambda queue: bool(queue) and queue[0]["in_progress"] == 1,
+            30,
+            what="a request of the batch in progress",
+            interval_s=0.05,
+        )
         (model,) = queue
         assert model["model"] == "sim-model"
         assert model["batches"] == 1

@@ -18,7 +18,6 @@ from backfill.domain.money import Prices, worst_case
 from backfill.settings import ModelSettings, PricingSettings
 from tests.support import (
     SIM_MODEL,
-    TERMINAL,
     InProcess,
     chat_line,
     in_process_backfill,
@@ -91,12 +90,6 @@ async def reservation_of(backfill: InProcess, file_id: str, prices: Prices) -> i
     return worst_case(prices, record.prompt_token_bound, record.max_output_tokens)
 
 
-async def wait_terminal(backfill: InProcess, batch_id: str) -> dict[str, Any]:
-    batch = await backfill.wait(batch_id, timeout_s=30)
-    assert batch["status"] in TERMINAL
-    return batch
-
-
 def error_of(response: httpx.Response) -> dict[str, Any]:
     error: dict[str, Any] = response.json()["error"]
     return error
@@ -130,7 +123,7 @@ async def test_fifth_unfinished_batch_is_refused_until_one_finishes(tmp_path: Pa
 
         cancelled = await bf.client.post(f"/v1/batches/{created[0]}/cancel", json={})
         assert cancelled.status_code == 200, cancelled.text
-        assert (await wait_terminal(bf, created[0]))["status"] == "cancelled"
+        assert (await bf.wait(created[0], timeout_s=30))["status"] == "cancelled"
 
         accepted = await create(bf, file["id"])
         assert accepted.status_code == 200, accepted.text
@@ -156,7 +149,7 @@ async def test_retained_input_over_the_limit_is_refused_without_retry(tmp_path: 
         # Freeing retained input (cancel the batch, delete its input) lets the next one in.
         batch_id = accepted.json()["id"]
         assert (await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})).status_code == 200
-        await wait_terminal(bf, batch_id)
+        await bf.wait(batch_id, timeout_s=30)
         deleted = await bf.client.delete(f"/v1/files/{first['id']}")
         assert deleted.status_code in (200, 404), deleted.text
         second = await upload(bf, second_rows)

@@ -15,7 +15,6 @@ from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.domain.progress import MAX_POINTS
 from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.integration.test_auth import READ_ONLY, error_of, other_org_key
-from tests.integration.test_cancel_expiry import get_batch, submit
 from tests.support import (
     SIM_MODEL,
     TERMINAL,
@@ -78,11 +77,11 @@ async def test_the_curve_holds_every_stored_result_at_the_time_it_was_stored(
             # More lines than a curve has points, a few of them failing.
             lines = [chat_line(f"ok-{i:03d}", f"question {i}") for i in range(146)]
             lines += [chat_line(f"bad-{i}", "[[sim:status=400]]") for i in range(4)]
-            batch_id = (await submit(bf, lines))["id"]
+            batch_id = (await bf.submit(lines))["id"]
             for _ in range(6000):
                 found = await progress(bf, batch_id)
                 # Read after the curve: it never counts more than the batch did by then.
-                batch = await get_batch(bf, batch_id)
+                batch = await bf.batch(batch_id)
                 counted = batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
                 assert found["total"] == len(lines)
                 last = found["points"][-1]["done"] if found["points"] else 0
@@ -95,7 +94,7 @@ async def test_the_curve_holds_every_stored_result_at_the_time_it_was_stored(
             assert batch["status"] == "completed"
             final = await progress(bf, batch_id)
 
-            small = (await submit(bf, [chat_line(f"s-{i}") for i in range(5)]))["id"]
+            small = (await bf.submit([chat_line(f"s-{i}") for i in range(5)]))["id"]
             small_batch = await bf.wait(small)
             small_curve = await progress(bf, small)
 
@@ -138,7 +137,8 @@ async def test_the_answer_has_the_documented_fields(backfill: InProcess) -> None
     spec = (await backfill.client.get("/openapi.json")).json()
     schema = spec["components"]["schemas"]["BatchProgress"]
     assert set(schema["required"]) == set(found)
-    point = schema["properties"]["points"]["items"]
+    items = schema["properties"]["points"]["items"]
+    point = spec["components"]["schemas"][items["$ref"].rsplit("/", 1)[-1]]
     assert all(set(point["required"]) == set(p) for p in found["points"])
     operation = spec["paths"]["/v1/batches/{batch_id}/progress"]["get"]
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {

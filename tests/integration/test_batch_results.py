@@ -14,8 +14,15 @@ import orjson
 import pytest
 
 from tests.integration.test_auth import error_of, other_org_key
-from tests.integration.test_cancel_expiry import FAST, backfill_on, get_batch, submit, until
-from tests.support import TERMINAL, InProcess, chat_line
+from tests.support import (
+    FAST,
+    TERMINAL,
+    InProcess,
+    backfill_on,
+    chat_line,
+    eventually,
+    wait_terminal,
+)
 
 READ_ONLY = frozenset({"requests:read"})
 
@@ -88,7 +95,7 @@ async def test_pages_read_while_running_hold_exactly_the_rows_of_the_final_files
     async with backfill_on(tmp_path, FAST, max_concurrency=3) as (bf, _):
         lines = [chat_line(f"ok-{i:02d}", f"[[sim:delay_ms={40 * i}]] q{i}") for i in range(24)]
         lines += [chat_line(f"bad-{i}", "[[sim:status=400]]") for i in range(3)]
-        batch_id = (await submit(bf, lines))["id"]
+        batch_id = (await bf.submit(lines))["id"]
         rows: list[bytes] = []
         read_while_running = 0
         after: str | None = None
@@ -96,7 +103,7 @@ async def test_pages_read_while_running_hold_exactly_the_rows_of_the_final_files
             got, after, complete = await page(bf, batch_id, after, limit=4)
             rows += got
             # Read after the page: still running now means it was running for the page too.
-            batch = await get_batch(bf, batch_id)
+            batch = await bf.batch(batch_id)
             if batch["status"] not in TERMINAL:
                 # OpenAI's shape holds: no file before the end, whatever was read already.
                 assert batch["output_file_id"] is None
@@ -106,7 +113,7 @@ async def test_pages_read_while_running_hold_exactly_the_rows_of_the_final_files
             if complete:
                 break
         assert read_while_running > 0, "no row was read before the batch ended"
-        batch = await get_batch(bf, batch_id)
+        batch = await bf.batch(batch_id)
         assert batch["status"] == "completed"
         final = await final_rows(bf, batch)
         assert sorted(rows) == sorted(final)
@@ -145,23 +152,19 @@ async def test_a_cancelled_batch_serves_its_unrun_lines_after_the_finished_ones(
     async with backfill_on(tmp_path, FAST, max_concurrency=2) as (bf, _):
         lines = [chat_line(f"fast-{i}", f"quick {i}") for i in range(2)]
         lines += [chat_line(f"slow-{i:02d}", f"[[sim:delay_ms=1500]] slow {i}") for i in range(10)]
-        batch_id = (await submit(bf, lines))["id"]
+        batch_id = (await bf.submit(lines))["id"]
 
         async def two_done() -> bool:
-            return bool((await get_batch(bf, batch_id))["request_counts"]["completed"] >= 2)
+            return bool((await bf.batch(batch_id))["request_counts"]["completed"] >= 2)
 
-        await until("two finished requests", two_done)
+        await eventually(two_done, what="two finished requests")
         early, cursor, complete = await page(bf, batch_id, limit=3)
         assert not complete
         cancelled = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
         assert cancelled.status_code == 200, cancelled.text
-
-        async def over() -> bool:
-            return (await get_batch(bf, batch_id))["status"] in TERMINAL
-
-        await until("the batch to end", over)
+        await wait_terminal(bf.client, batch_id, timeout_s=30)
         rest, _ = await read_to_end(bf, batch_id, cursor, limit=3)
-        batch = await get_batch(bf, batch_id)
+        batch = await bf.batch(batch_id)
         assert batch["status"] == "cancelled"
         rows = early + rest
         assert sorted(rows) == sorted(await final_rows(bf, batch))

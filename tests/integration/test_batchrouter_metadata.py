@@ -4,7 +4,6 @@ rates must be the published prices; free-form metadata is untouched."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,12 +17,14 @@ import pytest
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.settings import DeploymentSettings
-from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
+    FAST,
     SIM_MODEL,
     InProcess,
     assert_exactly_once,
     chat_line,
+    eventually,
+    in_flight,
     in_process_backfill,
     jsonl,
     running_simulator,
@@ -31,7 +32,6 @@ from tests.support import (
 
 HOUR = 3600
 DAY = 24 * HOUR
-FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
 DEPLOYMENT = "acme-llama"
 
 
@@ -324,7 +324,7 @@ async def test_a_batch_past_its_batchrouter_deadline_expires(tmp_path: Path) -> 
             batch_id = created.json()["id"]
             assert created.json()["expires_at"] == deadline
             assert created.json()["completion_window"] == "24h"
-            await until_running(sim)
+            await eventually(in_flight(sim), lambda n: n >= 1, what="a request to start")
             clock.advance(121)
             batch = await bf.wait(batch_id, timeout_s=30)
             out = await bf.rows(batch["output_file_id"])
@@ -334,10 +334,3 @@ async def test_a_batch_past_its_batchrouter_deadline_expires(tmp_path: Path) -> 
     assert batch["metadata"] == metadata
     assert_exactly_once(rows, out, err)
     assert {r["error"]["code"] for r in err} == {"batch_expired"}
-
-
-async def until_running(sim: Simulator, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while sim.stats.in_flight < 1:
-        assert time.monotonic() < end, "no request started"
-        await asyncio.sleep(0.02)

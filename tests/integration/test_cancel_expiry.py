@@ -8,86 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from backfill.adapters.clock import ManualClock
-from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
-    SIM_MODEL,
-    TERMINAL,
+    FAST,
     InProcess,
     assert_exactly_once,
+    backfill_on,
     chat_line,
-    free_port,
-    in_process_backfill,
+    eventually,
+    in_flight,
     jsonl,
+    wait_terminal,
 )
-
-FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
-
-
-@asynccontextmanager
-async def simulator(config: SimulatorConfig) -> AsyncIterator[tuple[str, Simulator]]:
-    """The simulator in this loop; it does not wait for abandoned slow answers at exit."""
-    sim = Simulator(config)
-    runner = web.AppRunner(sim.app(), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1", sim
-    finally:
-        await runner.cleanup()
-
-
-@asynccontextmanager
-async def backfill_on(
-    tmp_path: Path, config: SimulatorConfig, *, max_concurrency: int, **overrides: Any
-) -> AsyncIterator[tuple[InProcess, Simulator]]:
-    """Backfill in process with one simulated engine limited to ``max_concurrency``."""
-    async with simulator(config) as (url, sim):
-        engine = OpenAIHttpEngine(
-            "sim", url, {SIM_MODEL: SIM_MODEL}, max_concurrency=max_concurrency
-        )
-        async with in_process_backfill(tmp_path, url, engines=[engine], **overrides) as bf:
-            yield bf, sim
-
-
-async def until(what: str, check: Callable[[], Any], timeout_s: float = 30) -> None:
-    """Poll ``check`` (sync or async) until it is truthy."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-async def get_batch(bf: InProcess, batch_id: str) -> dict[str, Any]:
-    response = await bf.client.get(f"/v1/batches/{batch_id}")
-    assert response.status_code == 200, response.text
-    batch: dict[str, Any] = response.json()
-    return batch
-
-
-async def submit(bf: InProcess, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    uploaded = await bf.upload(jsonl(rows))
-    assert uploaded.status_code == 200, uploaded.text
-    created = await bf.create(uploaded.json()["id"], **extra)
-    assert created.status_code == 200, created.text
-    batch: dict[str, Any] = created.json()
-    return batch
-
 
 # ---- cancel -------------------------------------------------------------------------------
 
@@ -99,14 +36,14 @@ async def test_cancel_lets_running_requests_finish_and_closes_the_rest(tmp_path:
             chat_line(f"slow-{i:02d}", f"[[sim:delay_ms=2000]] slow question {i}")
             for i in range(18)
         ]
-        created = await submit(bf, rows)
+        created = await bf.submit(rows)
         batch_id = created["id"]
 
         async def two_done_two_running() -> bool:
-            batch = await get_batch(bf, batch_id)
+            batch = await bf.batch(batch_id)
             return bool(batch["request_counts"]["completed"] >= 2 and sim.stats.in_flight == 2)
 
-        await until("two finished and two running requests", two_done_two_running)
+        await eventually(two_done_two_running, what="two finished and two running requests")
 
         # The SDK sends an empty JSON object as the body.
         cancel = await bf.client.post(
@@ -125,17 +62,15 @@ async def test_cancel_lets_running_requests_finish_and_closes_the_rest(tmp_path:
         assert cancelling["output_file_id"] is None
         assert running_at_cancel > 0, "cancel must answer at once, not after running requests"
 
-        await until("the running requests to end", lambda: sim.stats.in_flight == 0)
+        await eventually(
+            in_flight(sim), lambda n: n == 0, what="the running requests to end", interval_s=0.02
+        )
         drained = time.monotonic()
-
-        async def terminal() -> bool:
-            return (await get_batch(bf, batch_id))["status"] in TERMINAL
-
-        await until("the batch to leave 'cancelling'", terminal)
+        await wait_terminal(bf.client, batch_id, timeout_s=30)
         waited = time.monotonic() - drained
         assert waited < 5, f"'cancelled' came {waited:.1f}s after the last request ended"
 
-        batch = await get_batch(bf, batch_id)
+        batch = await bf.batch(batch_id)
         out = await bf.rows(batch["output_file_id"])
         err = await bf.rows(batch["error_file_id"])
         await asyncio.sleep(0.3)
@@ -168,7 +103,7 @@ async def test_cancel_of_a_terminal_batch_returns_it_unchanged(tmp_path: Path) -
         assert done["status"] == "completed"
         again_empty = await bf.client.post(f"/v1/batches/{done['id']}/cancel", json={})
         again_bare = await bf.client.post(f"/v1/batches/{done['id']}/cancel")
-        after = await get_batch(bf, done["id"])
+        after = await bf.batch(done["id"])
         missing = await bf.client.post("/v1/batches/batch_doesnotexist/cancel", json={})
 
     assert again_empty.status_code == 200, again_empty.text
@@ -182,8 +117,8 @@ async def test_cancel_of_a_terminal_batch_returns_it_unchanged(tmp_path: Path) -
 async def test_cancel_twice_while_cancelling_is_idempotent(tmp_path: Path) -> None:
     async with backfill_on(tmp_path, FAST, max_concurrency=1) as (bf, sim):
         rows = [chat_line(f"s-{i}", f"[[sim:delay_ms=1500]] slow {i}") for i in range(4)]
-        batch_id = (await submit(bf, rows))["id"]
-        await until("a running request", lambda: sim.stats.in_flight == 1)
+        batch_id = (await bf.submit(rows))["id"]
+        await eventually(in_flight(sim), lambda n: n == 1, what="a running request")
         first = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
         second = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
         assert first.status_code == second.status_code == 200
@@ -213,26 +148,22 @@ async def test_expiry_publishes_finished_and_closes_the_rest(tmp_path: Path) -> 
             chat_line(f"slow-{i:02d}", f"[[sim:delay_ms=60000]] very slow question {i}")
             for i in range(15)
         ]
-        created = await submit(bf, rows, completion_window="1m")
+        created = await bf.submit(rows, completion_window="1m")
         batch_id = created["id"]
         assert created["completion_window"] == "1m"
         assert created["expires_at"] == created["created_at"] + 60
 
         async def stuck() -> bool:
-            batch = await get_batch(bf, batch_id)
+            batch = await bf.batch(batch_id)
             return bool(batch["request_counts"]["completed"] == 5 and sim.stats.in_flight == 4)
 
-        await until("five finished and four running requests", stuck)
+        await eventually(stuck, what="five finished and four running requests")
         started_before = sim.stats.requests
         clock.advance(61)
-
-        async def terminal() -> bool:
-            return (await get_batch(bf, batch_id))["status"] in TERMINAL
-
         # The four running answers take 60 s: expiring within the wait below proves that
         # in-flight requests are abandoned, not awaited.
-        await until("the batch to expire", terminal, timeout_s=30)
-        batch = await get_batch(bf, batch_id)
+        await wait_terminal(bf.client, batch_id, timeout_s=30)
+        batch = await bf.batch(batch_id)
         out = await bf.rows(batch["output_file_id"])
         err = await bf.rows(batch["error_file_id"])
         await asyncio.sleep(0.3)
@@ -261,8 +192,8 @@ async def test_expiry_before_anything_ran(tmp_path: Path) -> None:
         tmp_path, FAST, max_concurrency=1, clock=clock, min_completion_window_s=60
     ) as (bf, sim):
         rows = [chat_line(f"s-{i}", f"[[sim:delay_ms=60000]] slow {i}") for i in range(3)]
-        batch_id = (await submit(bf, rows, completion_window="60s"))["id"]
-        await until("a running request", lambda: sim.stats.in_flight == 1)
+        batch_id = (await bf.submit(rows, completion_window="60s"))["id"]
+        await eventually(in_flight(sim), lambda n: n == 1, what="a running request")
         clock.advance(120)
         batch = await bf.wait(batch_id, timeout_s=30)
         out = await bf.rows(batch["output_file_id"])

@@ -121,7 +121,7 @@ async def test_input_vanishing_during_enqueue_fails_the_batch_and_frees_its_cred
         assert await org_reserved(bf) == 0
         # A failed creation does not count toward the unfinished-batch limit.
         other = await uploaded(bf)
-        for _ in range(bf.settings.max_unfinished_batches):
+        for _ in range(bf.settings.limits.max_unfinished_batches):
             created = await bf.create(other)
             assert created.status_code == 200, created.text
 

@@ -9,8 +9,6 @@ is, and "in time" means the same on every run.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from tests.support import (
     TERMINAL,
     InProcess,
     chat_line,
+    eventually,
     in_process_backfill,
     jsonl,
     running_simulator,
@@ -113,13 +112,6 @@ async def on_work_clock(tmp_path: Path, **overrides: Any) -> AsyncIterator[Deadl
             yield Deadlines(bf, clock, {"Authorization": f"Bearer {key}"})
 
 
-async def until(what: str, check: Any, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def test_the_batch_with_the_earlier_deadline_finishes_first_and_in_time(
     tmp_path: Path,
 ) -> None:
@@ -133,7 +125,7 @@ async def test_the_batch_with_the_earlier_deadline_finishes_first_and_in_time(
         async def measured() -> bool:
             return bool(await d.rate())
 
-        await until("a measured rate", measured)
+        await eventually(measured, timeout_s=120, what="a measured rate")
         rate = await d.rate()
         assert rate is not None
         assert 0.7 * PER_S < rate < 1.3 * PER_S, rate
@@ -149,7 +141,7 @@ async def test_the_batch_with_the_earlier_deadline_finishes_first_and_in_time(
                 estimates.append(batch["estimated_completion_at"])
             return batch["status"] in TERMINAL
 
-        await until("the urgent batch to end", b_ended)
+        await eventually(b_ended, timeout_s=120, what="the urgent batch to end")
         done_b = await d.batch(b, d.other)
         now_a = await d.batch(a)
         slack = done_b["expires_at"] - done_b["completed_at"]
@@ -166,7 +158,7 @@ async def test_the_batch_with_the_earlier_deadline_finishes_first_and_in_time(
         async def a_ended() -> bool:
             return (await d.batch(a))["status"] in TERMINAL
 
-        await until("the other batch to end", a_ended)
+        await eventually(a_ended, timeout_s=120, what="the other batch to end")
         final_a = await d.batch(a)
         # A could not also finish: it expires with what it had done.
         assert final_a["status"] == "expired", final_a
@@ -186,12 +178,12 @@ async def test_a_batch_the_measured_rate_cannot_finish_in_its_window_is_refused(
         async def measured() -> bool:
             return bool(await d.rate())
 
-        await until("a measured rate", measured)
+        await eventually(measured, timeout_s=120, what="a measured rate")
 
         async def estimated() -> bool:
             return (await d.batch(running["id"]))["estimated_completion_at"] is not None
 
-        await until("an estimate", estimated)
+        await eventually(estimated, timeout_s=120, what="an estimate")
         batch = await d.batch(running["id"])
         left = batch["request_counts"]["total"] - batch["request_counts"]["completed"]
         # The estimate is where the remaining lines end at the measured rate, give or take.

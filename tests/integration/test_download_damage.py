@@ -26,11 +26,12 @@ from backfill.adapters.blobs.crypto import HEADER, SEGMENT, TAG
 from backfill.adapters.http import download
 from backfill.adapters.http.server import server_config
 from backfill.container import build
-from backfill.simulator.server import Simulator
 from tests.support import (
     S3_CREDENTIALS,
     InProcess,
+    Sim,
     chat_line,
+    eventually,
     free_port,
     in_process_backfill,
     jsonl,
@@ -38,7 +39,6 @@ from tests.support import (
     new_bucket,
 )
 
-Sim = tuple[str, Simulator]
 # Two segments of content: damage in the second is past the first segment sent.
 MARKER = "q" * 900
 ROWS = [chat_line(f"row-{i}", MARKER) for i in range(1300)]
@@ -81,7 +81,7 @@ def stored(bf: InProcess, file_id: str) -> Stored:
     key = f"{prefix}/files/{file_id}"
     client = boto3.client(
         "s3",
-        endpoint_url=bf.settings.s3_endpoint_url,
+        endpoint_url=bf.settings.s3.endpoint_url,
         region_name="us-east-1",
         aws_access_key_id=S3_CREDENTIALS["access_key_id"],
         aws_secret_access_key=S3_CREDENTIALS["secret_access_key"],
@@ -239,10 +239,13 @@ async def served(bf: InProcess) -> AsyncIterator[int]:
     settings = bf.settings.model_copy(update={"host": "127.0.0.1", "port": port})
     server = uvicorn.Server(server_config(build(settings, engines=[]).app(), settings))
     task = asyncio.create_task(server.serve())
+
+    async def started() -> bool:
+        assert not task.done(), "the server did not start"
+        return bool(server.started)
+
     try:
-        while not server.started:
-            assert not task.done(), "the server did not start"
-            await asyncio.sleep(0.02)
+        await eventually(started, what="the server to start", interval_s=0.02)
         yield port
     finally:
         server.should_exit = True

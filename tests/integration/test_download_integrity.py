@@ -128,7 +128,10 @@ async def test_a_storage_outage_is_retryable(tmp_path: Path, sim: Sim) -> None:
         assert response.status_code == 200, response.text
         file_id = response.json()["id"]
         # The object store stops answering: an outage, not damage to the file.
-        async with reopened(bf, s3_endpoint_url=f"http://127.0.0.1:{free_port()}") as client:
+        elsewhere = bf.settings.s3.model_copy(
+            update={"endpoint_url": f"http://127.0.0.1:{free_port()}"}
+        )
+        async with reopened(bf, s3=elsewhere) as client:
             response = await get(client, file_id, None)
         assert response.status_code == 503, response.text
         assert response.headers["x-should-retry"] == "true"

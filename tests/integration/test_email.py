@@ -3,16 +3,13 @@ same outbox as webhooks."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-from backfill.simulator.server import Simulator
-from tests.integration.test_webhooks import settled
+from tests.integration.test_webhooks import deliveries, settled
 from tests.receivers import smtp_server
-from tests.support import chat_line, in_process_backfill
+from tests.support import Sim, chat_line, eventually, in_process_backfill
 
-Sim = tuple[str, Simulator]
 SECRET_PROMPT = "the launch codes are 0000"
 ROWS = [chat_line(f"r{i}", SECRET_PROMPT) for i in range(4)]
 
@@ -58,15 +55,15 @@ async def test_a_mail_server_down_for_a_while_gets_the_email_later(
         async with in_process_backfill(tmp_path, sim[0], **smtp(server.port)) as bf:
             await bf.backfill.services.notifications.set_email("default", "ops@example.com")
             batch = await bf.run_batch(ROWS)
-            for _ in range(200):
-                [pending] = (
-                    await bf.client.get(f"/v1/batches/{batch['id']}/notifications")
-                ).json()["data"]
-                # An attempt counts from its start: at 3 the second has failed for sure (the
-                # third is leased only after it), so the server comes up after two failures.
-                if pending["attempts"] >= 3:
-                    break
-                await asyncio.sleep(0.05)
+            # An attempt counts from its start: at 3 the second has failed for sure (the third
+            # is leased only after it), so the server comes up after two failures.
+            [pending] = await eventually(
+                lambda: deliveries(bf, batch["id"]),
+                lambda found: len(found) == 1 and found[0]["attempts"] >= 3,
+                10,
+                what="the third attempt",
+                interval_s=0.05,
+            )
             assert pending["status"] == "pending"
             assert "could not be reached" in pending["last_error"]
             server.start()
@@ -84,14 +81,18 @@ async def test_without_smtp_settings_the_email_waits_with_a_clear_reason(
     async with in_process_backfill(tmp_path, sim[0], notify_interval_s=0.02) as bf:
         await bf.backfill.services.notifications.set_email("default", "ops@example.com")
         batch = await bf.run_batch(ROWS)
-        for _ in range(200):
-            [delivery] = (await bf.client.get(f"/v1/batches/{batch['id']}/notifications")).json()[
-                "data"
-            ]
-            # An attempt counts from its claim; its error is stored when it ends.
-            if delivery["attempts"] and delivery["last_error"] is not None:
-                break
-            await asyncio.sleep(0.05)
+        # An attempt counts from its claim; its error is stored when it ends.
+        [delivery] = await eventually(
+            lambda: deliveries(bf, batch["id"]),
+            lambda found: (
+                len(found) == 1
+                and bool(found[0]["attempts"])
+                and found[0]["last_error"] is not None
+            ),
+            10,
+            what="an attempt that ended with an error",
+            interval_s=0.05,
+        )
     assert delivery["status"] == "pending"
     assert "no SMTP settings (smtp_host)" in delivery["last_error"]
 

@@ -10,9 +10,7 @@ time at its fair share is its lines divided by its share of what the model serve
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,11 +21,12 @@ import pytest
 
 from backfill.domain.records import BatchRecord
 from backfill.services.tenants import SCOPES
-from backfill.simulator.server import SimulatorConfig
 from tests.support import (
+    FAST,
     STARTING_CREDIT_USD,
     InProcess,
     chat_line,
+    eventually,
     in_process_backfill,
     jsonl,
     running_simulator,
@@ -35,7 +34,6 @@ from tests.support import (
 
 TOKEN = "admin-token-for-fair-share-tests-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
 
 
 @dataclass
@@ -109,10 +107,13 @@ async def shared_engine(tmp_path: Path, **overrides: Any) -> AsyncIterator[Share
 
 
 async def until_done(shared: Shared, batch_id: str, lines: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while done(await shared.batch(batch_id)) < lines:
-        assert time.monotonic() < deadline, f"{batch_id} did not finish in {timeout_s}s"
-        await asyncio.sleep(0.005)
+    await eventually(
+        lambda: shared.batch(batch_id),
+        lambda batch: done(batch) >= lines,
+        timeout_s,
+        what=f"{lines} lines of {batch_id} done",
+        interval_s=0.005,
+    )
 
 
 @pytest.mark.parametrize(("weight_a", "weight_b"), [(1, 1), (1, 3)])
@@ -128,14 +129,18 @@ async def test_while_both_orgs_have_work_each_gets_its_weighted_share(
         # From once the second has started: what the first claimed alone is out of the way.
         await until_done(shared, b, 100)
         start_a, start_b = done(await shared.batch(a)), done(await shared.batch(b))
+
         # Measure until the first of them is nearly done: both are active throughout.
-        deadline = time.monotonic() + 120
-        while True:
-            now_a, now_b = await shared.batch(a), await shared.batch(b)
-            if max(done(now_a), done(now_b)) >= lines * 0.85:
-                break
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        async def both() -> tuple[BatchRecord, BatchRecord]:
+            return await shared.batch(a), await shared.batch(b)
+
+        now_a, now_b = await eventually(
+            both,
+            lambda now: max(done(now[0]), done(now[1])) >= lines * 0.85,
+            120,
+            what="one of the batches nearly done",
+            interval_s=0.005,
+        )
         got_a, got_b = done(now_a) - start_a, done(now_b) - start_b
         share = got_a / (got_a + got_b)
         expected = weight_a / (weight_a + weight_b)

@@ -7,102 +7,15 @@ straight to the error file), §6.2 (error rows), §6.3 (one row per ``custom_id`
 from __future__ import annotations
 
 import itertools
-import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-from aiohttp import web
-from aiohttp.typedefs import Handler
 
-from backfill.adapters.engines.openai_http import OpenAIHttpEngine
-from backfill.simulator.server import Simulator, SimulatorConfig
-from tests.support import (
-    SIM_MODEL,
-    InProcess,
-    assert_exactly_once,
-    chat_line,
-    free_port,
-    in_process_backfill,
-)
-
-FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One request as the simulator saw it."""
-
-    prompt: str
-    status: int
-    started: float
-    ended: float
-
-
-@asynccontextmanager
-async def simulator(
-    config: SimulatorConfig,
-) -> AsyncIterator[tuple[str, Simulator, list[Attempt]]]:
-    """A simulator that records every attempt and does not wait for hung handlers at exit."""
-    sim = Simulator(config)
-    attempts: list[Attempt] = []
-
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started = time.monotonic()
-        prompt = ""
-        if request.method == "POST":
-            body = orjson.loads(await request.read())
-            prompt = "\n".join(str(m.get("content")) for m in body.get("messages") or [])
-        status = 0
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        finally:
-            attempts.append(Attempt(prompt, status, started, time.monotonic()))
-
-    app = sim.app()
-    app.middlewares.append(record)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1", sim, attempts
-    finally:
-        await runner.cleanup()
-
-
-def engine(
-    url: str, *, max_concurrency: int = 16, request_timeout_s: float = 10.0
-) -> OpenAIHttpEngine:
-    return OpenAIHttpEngine(
-        "sim",
-        url,
-        {SIM_MODEL: SIM_MODEL},
-        max_concurrency=max_concurrency,
-        request_timeout_s=request_timeout_s,
-    )
-
-
-@asynccontextmanager
-async def backfill_on(
-    tmp_path: Path, config: SimulatorConfig, *, request_timeout_s: float = 10.0, **overrides: Any
-) -> AsyncIterator[tuple[InProcess, Simulator, list[Attempt]]]:
-    """The recording simulator, and Backfill in process with it as its only engine."""
-    async with (
-        simulator(config) as (url, sim, attempts),
-        in_process_backfill(
-            tmp_path, url, engines=[engine(url, request_timeout_s=request_timeout_s)], **overrides
-        ) as bf,
-    ):
-        yield bf, sim, attempts
+from backfill.simulator.server import SimulatorConfig
+from tests.support import FAST, Attempt, InProcess, assert_exactly_once, backfill_on, chat_line
 
 
 async def outcome(
@@ -124,7 +37,7 @@ def by_prompt(attempts: list[Attempt], keep: Callable[[Attempt], bool]) -> dict[
 
 
 async def test_5xx_then_success_ends_in_the_output_file(tmp_path: Path) -> None:
-    async with backfill_on(tmp_path, FAST) as (bf, sim, _):
+    async with backfill_on(tmp_path, FAST) as (bf, sim):
         rows = [chat_line(f"flaky-{i}", f"[[sim:fail_first=2]] question {i}") for i in range(10)]
         batch, out, err = await outcome(bf, rows)
 
@@ -141,7 +54,8 @@ async def test_5xx_then_success_ends_in_the_output_file(tmp_path: Path) -> None:
 
 async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
     config = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4, rate_limit_rate=0.3, seed=7)
-    async with backfill_on(tmp_path, config, max_attempts=12) as (bf, sim, attempts):
+    attempts: list[Attempt] = []
+    async with backfill_on(tmp_path, config, max_attempts=12, attempts=attempts) as (bf, sim):
         rows = [chat_line(f"rl-{i}", f"rate limited question {i}") for i in range(80)]
         batch, out, err = await outcome(bf, rows)
 
@@ -164,7 +78,7 @@ async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
 
 
 async def test_dropped_connections_retry_then_engine_unavailable(tmp_path: Path) -> None:
-    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim, _):
+    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim):
         rows = [chat_line(f"drop-{i}", f"[[sim:drop]] question {i}") for i in range(5)]
         rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(5)]
         batch, out, err = await outcome(bf, rows)
@@ -184,7 +98,7 @@ async def test_dropped_connections_retry_then_engine_unavailable(tmp_path: Path)
 
 
 async def test_timeouts_retry_then_request_timeout(tmp_path: Path) -> None:
-    async with backfill_on(tmp_path, FAST, request_timeout_s=0.5, max_attempts=3) as (bf, sim, _):
+    async with backfill_on(tmp_path, FAST, request_timeout_s=0.5, max_attempts=3) as (bf, sim):
         rows = [chat_line(f"hang-{i}", f"[[sim:hang]] question {i}") for i in range(4)]
         rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
         batch, out, err = await outcome(bf, rows)
@@ -201,7 +115,7 @@ async def test_timeouts_retry_then_request_timeout(tmp_path: Path) -> None:
 
 
 async def test_non_transient_400_is_not_retried(tmp_path: Path) -> None:
-    async with backfill_on(tmp_path, FAST) as (bf, sim, _):
+    async with backfill_on(tmp_path, FAST) as (bf, sim):
         rows = [chat_line(f"bad-{i}", f"[[sim:status=400]] question {i}") for i in range(6)]
         rows += [chat_line(f"ok-{i}", f"fine question {i}") for i in range(4)]
         batch, out, err = await outcome(bf, rows)
@@ -232,7 +146,7 @@ async def test_mixed_random_faults_every_row_exactly_once(tmp_path: Path) -> Non
         drop_rate=0.05,
         seed=20240607,
     )
-    async with backfill_on(tmp_path, config) as (bf, sim, _):
+    async with backfill_on(tmp_path, config) as (bf, sim):
         rows = [chat_line(f"mix-{i:03d}", f"mixed question {i}") for i in range(300)]
         batch, out, err = await outcome(bf, rows, timeout_s=120)
 
@@ -274,7 +188,7 @@ async def test_which_engine_statuses_are_retried(
     tmp_path: Path, status: int, transient: bool
 ) -> None:
     """SPEC §9.2: connection errors, 408, 429, 5xx and timeouts retry; other 4xx do not."""
-    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim, _):
+    async with backfill_on(tmp_path, FAST, max_attempts=3) as (bf, sim):
         rows = [chat_line("only", f"[[sim:status={status}]] question")]
         batch, out, err = await outcome(bf, rows)
 

@@ -36,7 +36,6 @@ from hypothesis import strategies as st
 
 from backfill.simulator.server import SimulatorConfig
 from tests.support import (
-    TERMINAL,
     InProcess,
     chat_line,
     in_process_backfill,
@@ -668,15 +667,8 @@ def test_an_accepted_file_runs_to_one_result_per_line(harness: Harness, name: st
     assert created.status_code == 200, created.text
     batch_id = created.json()["id"]
 
-    async def until_terminal() -> dict[str, Any]:
-        while True:
-            batch: dict[str, Any] = (await bf.client.get(f"/v1/batches/{batch_id}")).json()
-            if batch["status"] in TERMINAL:
-                return batch
-            await asyncio.sleep(0.05)
-
     try:
-        batch: dict[str, Any] = harness.run(until_terminal(), timeout_s=10)
+        batch: dict[str, Any] = harness.run(bf.wait(batch_id), timeout_s=10)
     except TimeoutError:
         stuck = harness.run(bf.client.get(f"/v1/batches/{batch_id}")).json()
         raise AssertionError(

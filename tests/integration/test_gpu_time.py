@@ -9,17 +9,13 @@ deployment was in flight.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
-from aiohttp import web
-from aiohttp.typedefs import Handler
 from sqlalchemy import select
 
 from backfill.adapters.clock import ManualClock, SystemClock
@@ -39,14 +35,17 @@ from backfill.ports import Clock, Engine
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.services.tenants import SCOPES
 from backfill.settings import DeploymentSettings, EngineSettings
-from backfill.simulator.server import Simulator, SimulatorConfig
+from backfill.simulator.server import Simulator
 from tests.support import (
+    FAST,
     SIM_MODEL,
-    TERMINAL,
+    Attempt,
     InProcess,
     chat_line,
-    free_port,
+    eventually,
+    in_flight,
     jsonl,
+    recording_simulator,
     sim_settings,
 )
 
@@ -55,7 +54,6 @@ DEPLOYMENT_CONFIG = "acme-llama-v1"
 GPUS = 2
 PRICE = 1000  # uUSD per GPU-second
 START = 1_700_000_000.0
-FAST = SimulatorConfig(ttft_ms=1, itl_ms=0, output_tokens=4)
 
 
 def gpu_charge(ms: int) -> int:
@@ -209,48 +207,13 @@ def test_the_meter_says_when_a_span_opens_and_while_it_has_time_to_charge() -> N
 # ---- a Backfill with a catalog engine and a private one ------------------------------------
 
 
-@dataclass(frozen=True)
-class Seen:
-    """One request as a simulator received it."""
-
-    model: str
-    prompt: str
-
-
-@asynccontextmanager
-async def recording_simulator(
-    config: SimulatorConfig,
-) -> AsyncIterator[tuple[str, Simulator, list[Seen]]]:
-    sim = Simulator(config)
-    seen: list[Seen] = []
-
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST":
-            body = orjson.loads(await request.read())
-            prompt = "\n".join(str(m.get("content")) for m in body.get("messages") or [])
-            seen.append(Seen(str(body.get("model")), prompt))
-        return await handler(request)
-
-    app = sim.app()
-    app.middlewares.append(record)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1", sim, seen
-    finally:
-        await runner.cleanup()
-
-
 @dataclass
 class Fleet:
     bf: InProcess
     catalog: Simulator
     private: Simulator
-    catalog_seen: list[Seen]
-    private_seen: list[Seen]
+    catalog_seen: list[Attempt]
+    private_seen: list[Attempt]
 
     @property
     def store(self) -> Any:
@@ -409,43 +372,6 @@ async def created(bf: InProcess, rows: list[dict[str, Any]], **kwargs: Any) -> d
     return data
 
 
-async def get_batch(bf: InProcess, batch_id: str, key: str | None = None) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    response = await bf.client.get(f"/v1/batches/{batch_id}", headers=headers)
-    assert response.status_code == 200, response.text
-    data: dict[str, Any] = response.json()
-    return data
-
-
-async def until(
-    condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting until {what}")
-
-
-async def wait_terminal(bf: InProcess, batch_id: str, key: str | None = None) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-
-    async def done() -> bool:
-        result.update(await get_batch(bf, batch_id, key))
-        return result["status"] in TERMINAL
-
-    await until(done, f"batch {batch_id} ends")
-    return result
-
-
-def in_flight(sim: Simulator, n: int) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return sim.stats.in_flight == n
-
-    return check
-
-
 def private_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
     return chat_line(custom_id, content, model=DEPLOYMENT, **body)
 
@@ -467,7 +393,7 @@ async def test_private_batch_is_billed_by_gpu_time_with_no_token_prices(tmp_path
         assert batch["model"] == DEPLOYMENT
         assert batch["model_config_id"] == DEPLOYMENT_CONFIG
 
-        done = await wait_terminal(f.bf, batch["id"])
+        done = await f.bf.wait(batch["id"], timeout_s=30)
         assert done["status"] == "completed"
         assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
         assert done["billing"] == "gpu_time"
@@ -490,12 +416,12 @@ async def test_gpu_time_is_charged_by_the_worker_within_its_interval_after_an_id
         await asyncio.sleep(4.0)  # the loop's sleeps have grown past three seconds
         before = await f.ledger()
         batch = await created(f.bf, [private_line("p", "slow [[sim:delay_ms=300]]")])
-        assert (await wait_terminal(f.bf, batch["id"]))["status"] == "completed"
+        assert (await f.bf.wait(batch["id"], timeout_s=30))["status"] == "completed"
 
         async def charged() -> bool:
             return bool(await f.gpu_receipts())
 
-        await until(charged, "the worker charges the GPU time", timeout_s=1.0)
+        await eventually(charged, timeout_s=1.0, what="the worker charges the GPU time")
         receipts = await f.gpu_receipts()
         assert sum(r.gpu_ms for r in receipts) >= 300
         assert (await f.ledger()).charges - before.charges == sum(r.amount for r in receipts)
@@ -509,15 +435,15 @@ async def test_overlapping_batches_are_charged_once_for_the_union_of_busy_time(
         before = await f.ledger()
         # A is busy from t=0; B from t=2; A ends by t=5 while B runs; B ends at t=9.
         a = await created(f.bf, [private_line("a", "first [[sim:delay_ms=1500]]")])
-        await until(in_flight(f.private, 1), "A is in flight")
+        await eventually(in_flight(f.private), lambda n: n == 1, what="A is in flight")
         clock.advance(2)
         b = await created(f.bf, [private_line("b", "second [[sim:delay_ms=4000]]")])
-        await until(in_flight(f.private, 2), "A and B are in flight")
+        await eventually(in_flight(f.private), lambda n: n == 2, what="A and B are in flight")
         clock.advance(3)
-        assert (await wait_terminal(f.bf, a["id"]))["status"] == "completed"
+        assert (await f.bf.wait(a["id"], timeout_s=30))["status"] == "completed"
         assert f.private.stats.in_flight == 1, "B must still be running when A ends"
         clock.advance(4)
-        assert (await wait_terminal(f.bf, b["id"]))["status"] == "completed"
+        assert (await f.bf.wait(b["id"], timeout_s=30))["status"] == "completed"
         clock.advance(100)  # idle: never charged
         await f.flush_gpu_time()
 
@@ -540,11 +466,13 @@ async def test_gpu_time_before_cancel_is_charged(tmp_path: Path) -> None:
     async with fleet(tmp_path, clock=clock, private_concurrency=1) as f:
         rows = [private_line(f"c{i}", f"cancel me {i} [[sim:delay_ms=800]]") for i in range(3)]
         batch = await created(f.bf, rows)
-        await until(in_flight(f.private, 1), "the first request is in flight")
+        await eventually(
+            in_flight(f.private), lambda n: n == 1, what="the first request is in flight"
+        )
         clock.advance(3)
         cancelled = await f.bf.client.post(f"/v1/batches/{batch['id']}/cancel", json={})
         assert cancelled.status_code == 200, cancelled.text
-        done = await wait_terminal(f.bf, batch["id"])
+        done = await f.bf.wait(batch["id"], timeout_s=30)
         assert done["status"] == "cancelled"
         assert done["request_counts"]["total"] == 3
         await f.flush_gpu_time()
@@ -558,19 +486,21 @@ async def test_dispatch_pauses_at_zero_balance_and_resumes_after_credit(tmp_path
     async with fleet(tmp_path, clock=clock, credit_usd="0.01", private_concurrency=1) as f:
         rows = [private_line(f"z{i}", f"pay me {i} [[sim:delay_ms=1000]]") for i in range(3)]
         batch = await created(f.bf, rows)
-        await until(in_flight(f.private, 1), "the first request is in flight")
+        await eventually(
+            in_flight(f.private), lambda n: n == 1, what="the first request is in flight"
+        )
         clock.advance(6)
         await f.flush_gpu_time()
         ledger = await f.ledger()
         assert ledger.balance == usd_to_pico("0.01") - gpu_charge(6000) < 0
 
         async def first_done() -> bool:
-            counts = (await get_batch(f.bf, batch["id"]))["request_counts"]
+            counts = (await f.bf.batch(batch["id"]))["request_counts"]
             return bool(counts["completed"] >= 1)
 
-        await until(first_done, "the running request finishes")
+        await eventually(first_done, what="the running request finishes")
         await asyncio.sleep(1.0)  # many dispatch rounds
-        paused = await get_batch(f.bf, batch["id"])
+        paused = await f.bf.batch(batch["id"])
         assert paused["status"] == "in_progress"
         assert paused["request_counts"]["completed"] == 1
         assert f.private.stats.requests == 1, "a request started while the balance was <= 0"
@@ -581,7 +511,7 @@ async def test_dispatch_pauses_at_zero_balance_and_resumes_after_credit(tmp_path
         assert refused.json()["error"]["code"] == "insufficient_credit"
 
         await f.bf.backfill.services.billing.add_credit("default", "1")
-        done = await wait_terminal(f.bf, batch["id"])
+        done = await f.bf.wait(batch["id"], timeout_s=30)
         assert done["status"] == "completed"
         assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
         assert f.private.stats.requests == 3
@@ -637,9 +567,9 @@ async def test_private_engine_serves_only_its_org_and_catalog_engine_serves_all(
         assert mine["billing"] == theirs[0]["billing"] == "catalog"
 
         for batch_id in (private["id"], mine["id"]):
-            assert (await wait_terminal(f.bf, batch_id))["status"] == "completed"
+            assert (await f.bf.wait(batch_id, timeout_s=30))["status"] == "completed"
         for batch in theirs:
-            done = await wait_terminal(f.bf, batch["id"], other_key)
+            done = await f.bf.wait(batch["id"], timeout_s=30, key=other_key)
             assert done["status"] == "completed"
             # Another org's batch is not found.
             assert (await f.bf.client.get(f"/v1/batches/{batch['id']}")).status_code == 404

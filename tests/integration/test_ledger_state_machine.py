@@ -18,7 +18,6 @@ import asyncio
 import shutil
 import sqlite3
 import tempfile
-import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from tests.support import (
     jsonl,
     running_simulator,
     sim_settings,
+    wait_terminal,
 )
 
 OUTPUT_TOKENS = 4
@@ -227,17 +227,10 @@ class LedgerMachine(RuleBasedStateMachine):
         return attempts[pick % len(attempts)]
 
     async def _wait(self, batch: Expected) -> dict[str, Any]:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            response = await self.bf.client.get(f"/v1/batches/{batch.id}")
-            assert response.status_code == 200, response.text
-            data: dict[str, Any] = response.json()
-            if data["status"] in TERMINAL:
-                batch.terminal = data["status"]
-                await self._check_terminal(batch, data)
-                return data
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"batch {batch.id} did not reach a terminal state in {WAIT_S}s")
+        data = await wait_terminal(self.bf.client, batch.id, timeout_s=WAIT_S)
+        batch.terminal = data["status"]
+        await self._check_terminal(batch, data)
+        return data
 
     async def _check_terminal(self, batch: Expected, data: dict[str, Any]) -> None:
         counts = data["request_counts"]

@@ -11,21 +11,17 @@ from typing import Any
 
 from backfill.adapters.clock import ManualClock
 from backfill.services.retention import Janitor
-from tests.support import InProcess, chat_line, in_process_backfill, jsonl, running_simulator
+from tests.support import (
+    InProcess,
+    chat_line,
+    in_process_backfill,
+    jsonl,
+    retained,
+    running_simulator,
+)
 
 HOUR = 3600
 DAY = 24 * HOUR
-
-
-@asynccontextmanager
-async def retained(tmp_path: Path) -> AsyncIterator[tuple[InProcess, ManualClock, Janitor]]:
-    clock = ManualClock()
-    async with (
-        running_simulator() as (url, _),
-        # The built-in janitor never runs: each test sweeps when it wants to.
-        in_process_backfill(tmp_path, url, clock=clock, janitor_interval_s=10**9) as bf,
-    ):
-        yield bf, clock, Janitor(bf.backfill.store, bf.backfill.services.files, clock)
 
 
 async def seen(bf: InProcess, file_id: str) -> dict[str, Any]:

@@ -14,8 +14,7 @@ from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables
 from backfill.domain.lifecycle import BatchStatus
 from backfill.services.retention import Janitor
-from tests.integration.test_cancel_expiry import FAST, backfill_on, get_batch, submit, until
-from tests.support import InProcess, chat_line, jsonl
+from tests.support import FAST, InProcess, backfill_on, chat_line, eventually, in_flight, jsonl
 
 # The first attempt of these lines fails (503, and one attempt is all a line gets here); a
 # rerun's attempt succeeds.
@@ -67,15 +66,15 @@ async def test_rerun_of_failed_and_cancelled_lines_reruns_exactly_those(tmp_path
     async with backfill_on(tmp_path, FAST, max_concurrency=2, max_attempts=1) as (bf, sim):
         rows = [flaky("flaky-0"), flaky("flaky-1"), chat_line("ok-0"), chat_line("ok-1")]
         rows += [chat_line(f"slow-{i}", f"[[sim:delay_ms=1500]] slow {i}") for i in range(6)]
-        original = await submit(bf, rows, metadata={"team": "evals"})
+        original = await bf.submit(rows, metadata={"team": "evals"})
         batch_id = original["id"]
 
         async def four_done_two_running() -> bool:
-            batch = await get_batch(bf, batch_id)
+            batch = await bf.batch(batch_id)
             counts = batch["request_counts"]
             return bool(counts["completed"] + counts["failed"] >= 4 and sim.stats.in_flight == 2)
 
-        await until("four lines done and two running", four_done_two_running)
+        await eventually(four_done_two_running, what="four lines done and two running")
         cancel = await bf.client.post(f"/v1/batches/{batch_id}/cancel", json={})
         assert cancel.status_code == 200, cancel.text
         ended = await bf.wait(batch_id, timeout_s=30)
@@ -122,7 +121,7 @@ async def test_rerun_of_failed_and_cancelled_lines_reruns_exactly_those(tmp_path
 async def test_a_retry_body_overrides_what_the_batch_had(tmp_path: Path) -> None:
     async with backfill_on(tmp_path, FAST, max_concurrency=4) as (bf, _):
         rows = [chat_line("ok"), chat_line("bad", "[[sim:status=400]]")]
-        original = await submit(bf, rows, metadata={"team": "evals"})
+        original = await bf.submit(rows, metadata={"team": "evals"})
         await bf.wait(original["id"])
         changed = await bf.client.post(
             f"/v1/batches/{original['id']}/retry",
@@ -170,7 +169,7 @@ async def test_a_retry_body_overrides_what_the_batch_had(tmp_path: Path) -> None
 async def test_retry_honours_the_idempotency_key(tmp_path: Path) -> None:
     async with backfill_on(tmp_path, FAST, max_concurrency=4) as (bf, _):
         rows = [chat_line("ok"), chat_line("bad", "[[sim:status=400]]")]
-        original = await submit(bf, rows)
+        original = await bf.submit(rows)
         await bf.wait(original["id"])
         inputs_before = await input_files(bf)
         first = await retry(bf, original["id"], **{"Idempotency-Key": "rerun-1"})
@@ -213,8 +212,8 @@ async def test_retry_refuses_what_cannot_be_rerun(tmp_path: Path) -> None:
         with_errors = await bf.run_batch([chat_line("a"), chat_line("bad", "[[sim:status=400]]")])
         deleted = await bf.client.delete(f"/v1/files/{with_errors['error_file_id']}")
         gone = await retry(bf, with_errors["id"])
-        running = await submit(bf, [chat_line("s", "[[sim:delay_ms=3000]] slow")])
-        await until("the slow line to run", lambda: sim.stats.in_flight == 1)
+        running = await bf.submit([chat_line("s", "[[sim:delay_ms=3000]] slow")])
+        await eventually(in_flight(sim), lambda n: n == 1, what="the slow line to run")
         not_ended = await retry(bf, running["id"])
         missing = await retry(bf, "batch_doesnotexist")
         listed = (await bf.client.get("/v1/batches")).json()["data"]
@@ -276,7 +275,7 @@ async def test_the_rerun_input_expires_with_the_error_file(tmp_path: Path) -> No
 async def test_a_failed_batch_reruns_all_its_lines_from_its_input(tmp_path: Path) -> None:
     async with backfill_on(tmp_path, FAST, max_concurrency=4) as (bf, _):
         rows = [chat_line(f"r-{i}", f"[[sim:delay_ms=500]] question {i}") for i in range(3)]
-        original = await submit(bf, rows)
+        original = await bf.submit(rows)
         store = bf.backfill.store
         reason = {"code": "input_unavailable", "message": "gone", "param": None, "line": None}
         assert await store.fail_batch(original["id"], BatchStatus.IN_PROGRESS, 1, [reason])
@@ -359,8 +358,8 @@ async def test_delete_removes_content_and_keeps_receipts(tmp_path: Path) -> None
 
 async def test_delete_refuses_a_batch_that_has_not_ended(tmp_path: Path) -> None:
     async with backfill_on(tmp_path, FAST, max_concurrency=1) as (bf, sim):
-        running = await submit(bf, [chat_line("s", "[[sim:delay_ms=3000]] slow")])
-        await until("the slow line to run", lambda: sim.stats.in_flight == 1)
+        running = await bf.submit([chat_line("s", "[[sim:delay_ms=3000]] slow")])
+        await eventually(in_flight(sim), lambda n: n == 1, what="the slow line to run")
         refused = await bf.client.delete(f"/v1/batches/{running['id']}")
         reader = await bf.backfill.services.tenants.create_key(
             "default", frozenset({"requests:read"})
@@ -368,7 +367,7 @@ async def test_delete_refuses_a_batch_that_has_not_ended(tmp_path: Path) -> None
         read_only = await bf.client.delete(
             f"/v1/batches/{running['id']}", headers={"Authorization": f"Bearer {reader}"}
         )
-        still = await get_batch(bf, running["id"])
+        still = await bf.batch(running["id"])
 
     error = assert_refused(refused, 409, "batch_not_finished")
     assert "cancel" in error["message"]
@@ -382,7 +381,7 @@ async def test_a_rerun_outlives_the_deleted_original(tmp_path: Path) -> None:
         rerun = (await retry(bf, original["id"], **{"Idempotency-Key": "k"})).json()
         await bf.wait(rerun["id"])
         deleted = await bf.client.delete(f"/v1/batches/{original['id']}")
-        kept = await get_batch(bf, rerun["id"])
+        kept = await bf.batch(rerun["id"])
         replay = await retry(bf, original["id"], **{"Idempotency-Key": "k"})
 
     assert deleted.status_code == 200, deleted.text

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from sqlalchemy import func, select
 
-from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables
-from backfill.services.retention import Janitor
-from tests.support import InProcess, chat_line, in_process_backfill, jsonl, running_simulator
+from tests.support import InProcess, chat_line, jsonl, retained
 
 HOUR = 3600
 DAY = 24 * HOUR
-
-
-@asynccontextmanager
-async def retained(tmp_path: Path) -> AsyncIterator[tuple[InProcess, ManualClock, Janitor]]:
-    clock = ManualClock()
-    async with (
-        running_simulator() as (url, _),
-        in_process_backfill(tmp_path, url, clock=clock, janitor_interval_s=10**9) as bf,
-    ):
-        janitor = Janitor(bf.backfill.store, bf.backfill.services.files, clock)
-        yield bf, clock, janitor
 
 
 def _blob_files(bf: InProcess) -> set[str]:

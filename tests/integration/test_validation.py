@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,8 @@ import orjson
 import pytest
 
 from backfill.settings import ModelSettings
-from backfill.simulator.server import Simulator
-from tests.support import SIM_MODEL, SIM_PRICES, InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import SIM_MODEL, SIM_PRICES, InProcess, Sim, backfill_with, chat_line, jsonl
 
-Sim = tuple[str, Simulator]
 FILE_FIELDS = {
     "id",
     "object",
@@ -42,13 +38,6 @@ MODELS = [
     ),
     ModelSettings(id="no-batch-model", model_config_id="no-batch-v1", batch=None),
 ]
-
-
-@asynccontextmanager
-async def backfill_with(tmp_path: Path, sim: Sim, **overrides: Any) -> AsyncIterator[InProcess]:
-    """An in-process Backfill with settings overrides (limits, catalog)."""
-    async with in_process_backfill(tmp_path, sim[0], **overrides) as running:
-        yield running
 
 
 def good(n: int = 3) -> list[dict[str, Any]]:
@@ -449,7 +438,7 @@ async def test_valid_file_is_processed(backfill: InProcess, final_newline: bool)
     assert "input" not in file["filename"]  # server-assigned, the upload name is not kept
     assert isinstance(file["created_at"], int)
     assert isinstance(file["expires_at"], int)
-    assert file["expires_at"] - file["created_at"] == backfill.settings.input_file_ttl_s
+    assert file["expires_at"] - file["created_at"] == backfill.settings.limits.input_file_ttl_s
 
     fetched = await backfill.client.get(f"/v1/files/{file['id']}")
     assert fetched.status_code == 200

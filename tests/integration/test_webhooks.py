@@ -4,8 +4,6 @@ verified with the ``standardwebhooks`` package."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -14,11 +12,17 @@ import pytest
 
 from backfill.container import build
 from backfill.domain.notifications import DeliveryState
-from backfill.simulator.server import Simulator
 from tests.receivers import Answer, webhook_receiver
-from tests.support import InProcess, chat_line, in_process_backfill, jsonl
+from tests.support import (
+    InProcess,
+    Sim,
+    backfill_with,
+    chat_line,
+    eventually,
+    in_process_backfill,
+    jsonl,
+)
 
-Sim = tuple[str, Simulator]
 TOKEN = "t" * 40
 ROWS = [chat_line(f"r{i}") for i in range(3)]
 # Development switches (off by default) let webhooks reach the receiver on 127.0.0.1.
@@ -29,12 +33,6 @@ FAST = {
     "notify_interval_s": 0.02,
     "admin_token": TOKEN,
 }
-
-
-@asynccontextmanager
-async def backfill_with(tmp_path: Path, sim: Sim, **overrides: Any) -> AsyncIterator[InProcess]:
-    async with in_process_backfill(tmp_path, sim[0], **{**FAST, **overrides}) as bf:
-        yield bf
 
 
 async def secret(bf: InProcess) -> str:
@@ -60,17 +58,18 @@ async def deliveries(bf: InProcess, batch_id: str) -> list[dict[str, Any]]:
 
 async def settled(bf: InProcess, batch_id: str, timeout_s: float = 30) -> list[dict[str, Any]]:
     """The batch's notifications once none is pending."""
-    for _ in range(int(timeout_s / 0.05)):
-        seen = await deliveries(bf, batch_id)
-        if seen and all(d["status"] != "pending" for d in seen):
-            return seen
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"notifications of {batch_id} still pending: {seen}")
+    return await eventually(
+        lambda: deliveries(bf, batch_id),
+        lambda seen: bool(seen) and all(d["status"] != "pending" for d in seen),
+        timeout_s,
+        what=f"the notifications of {batch_id} to settle",
+        interval_s=0.05,
+    )
 
 
 async def test_the_seed_body_arrives_signed_once(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url, {"description": "nightly eval job"})
             [delivery] = await settled(bf, batch["id"])
             [got] = receiver.received
@@ -94,7 +93,7 @@ async def test_the_seed_body_arrives_signed_once(tmp_path: Path, sim: Sim) -> No
 
 async def test_null_metadata_is_sent_as_null(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             [got] = await receiver.wait_for_async(1)
             assert got.json == {"batch_id": batch["id"], "status": "completed", "metadata": None}
@@ -102,7 +101,7 @@ async def test_null_metadata_is_sent_as_null(tmp_path: Path, sim: Sim) -> None:
 
 async def test_failures_are_retried_with_the_same_id_until_a_2xx(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver([Answer(500), Answer(404)]) as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             [delivery] = await settled(bf, batch["id"])
             key = await secret(bf)
@@ -119,7 +118,7 @@ async def test_failures_are_retried_with_the_same_id_until_a_2xx(tmp_path: Path,
 
 async def test_three_failures_give_up(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver([Answer(500)] * 10) as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             [delivery] = await settled(bf, batch["id"])
             assert delivery["status"] == "failed"
@@ -134,7 +133,7 @@ async def test_three_failures_give_up(tmp_path: Path, sim: Sim) -> None:
 async def test_a_receiver_that_does_not_answer_is_retried(tmp_path: Path, sim: Sim) -> None:
     # A receiver slower than the timeout counts as a failure and gets the next attempt.
     with webhook_receiver([Answer(200, delay_s=3)]) as receiver:
-        async with backfill_with(tmp_path, sim, webhook_timeout_s=1.0) as bf:
+        async with backfill_with(tmp_path, sim, **FAST, webhook_timeout_s=1.0) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             [delivery] = await settled(bf, batch["id"])
             assert delivery["status"] == "delivered"
@@ -144,8 +143,8 @@ async def test_a_receiver_that_does_not_answer_is_retried(tmp_path: Path, sim: S
 
 async def test_the_default_timeout_is_ten_seconds(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver([Answer(200, delay_s=11)]) as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
-            assert bf.settings.webhook_timeout_s == 10
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
+            assert bf.settings.webhooks.timeout_s == 10
             batch = await run_with_webhook(bf, receiver.url)
             [delivery] = await settled(bf, batch["id"], timeout_s=40)
             assert delivery["attempts"] == 2
@@ -196,7 +195,7 @@ async def test_a_public_https_url_is_taken_and_shown(tmp_path: Path, sim: Sim) -
 async def test_a_cancelled_batch_says_cancelled(tmp_path: Path, sim: Sim) -> None:
     sim[1].config.ttft_ms = 2000
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             uploaded = await bf.upload(jsonl(ROWS))
             created = await bf.create(uploaded.json()["id"], webhook_url=receiver.url)
             batch_id = created.json()["id"]
@@ -218,7 +217,7 @@ async def test_org_endpoints_get_openai_events_for_what_they_chose(
     tmp_path: Path, sim: Sim
 ) -> None:
     with webhook_receiver() as completed, webhook_receiver() as cancelled:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             made = await admin(
                 bf,
                 "POST",
@@ -277,7 +276,7 @@ async def test_endpoint_input_is_checked(tmp_path: Path, sim: Sim) -> None:
 
 async def test_a_rotated_secret_signs_beside_the_old_one(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             old = (await admin(bf, "GET", "/orgs/default/webhook_secret"))["secret"]
             assert old.startswith("whsec_")
             rotated = await admin(bf, "POST", "/orgs/default/webhook_secret/rotate")
@@ -296,7 +295,7 @@ async def test_a_second_rotation_keeps_the_first_secret_signing(tmp_path: Path, 
     # The 2026-12-05 review, Info "second rotation": a receiver still on the first secret had
     # been promised a day, and lost it at once when a second rotation followed.
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             first = (await admin(bf, "GET", "/orgs/default/webhook_secret"))["secret"]
             once = await admin(bf, "POST", "/orgs/default/webhook_secret/rotate")
             twice = await admin(bf, "POST", "/orgs/default/webhook_secret/rotate")
@@ -311,7 +310,7 @@ async def test_a_second_rotation_keeps_the_first_secret_signing(tmp_path: Path, 
 
 async def test_other_orgs_see_no_deliveries(tmp_path: Path, sim: Sim) -> None:
     with webhook_receiver() as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             tenants = bf.backfill.services.tenants
             await tenants.create_org("other")
@@ -328,7 +327,7 @@ async def test_a_stopping_worker_gives_its_attempt_back_uncounted(tmp_path: Path
     # The receiver holds the first attempt past the stop's grace: the worker stops, and the
     # attempt it had under way is handed back as not made.
     with webhook_receiver([Answer(200, delay_s=8)]) as receiver:
-        async with backfill_with(tmp_path, sim) as bf:
+        async with backfill_with(tmp_path, sim, **FAST) as bf:
             batch = await run_with_webhook(bf, receiver.url)
             await receiver.wait_for_async(1)
             settings = bf.settings
@@ -336,11 +335,13 @@ async def test_a_stopping_worker_gives_its_attempt_back_uncounted(tmp_path: Path
         again = build(settings, engines=[])
         await again.start()
         try:
-            for _ in range(200):
-                [delivery] = await again.services.notifications.deliveries(org_id, batch["id"])
-                if delivery.state == DeliveryState.DELIVERED:
-                    break
-                await asyncio.sleep(0.05)
+            [delivery] = await eventually(
+                lambda: again.services.notifications.deliveries(org_id, batch["id"]),
+                lambda found: [d.state for d in found] == [DeliveryState.DELIVERED],
+                10,
+                what="the delivery handed back to be made again",
+                interval_s=0.05,
+            )
         finally:
             await again.stop()
     assert delivery.state == DeliveryState.DELIVERED

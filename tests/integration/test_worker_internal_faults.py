@@ -24,7 +24,6 @@ from tests.integration.test_gpu_time import (
     created,
     fleet,
     private_line,
-    wait_terminal,
 )
 from tests.support import (
     SIM_MODEL,
@@ -64,7 +63,7 @@ async def test_catalog_read_failing_before_a_gpu_time_request_releases_its_slot(
         rows = [private_line(f"g{i}", f"gpu {i}") for i in range(3)]
         batch = await created(f.bf, rows)
 
-        done = await wait_terminal(f.bf, batch["id"])
+        done = await f.bf.wait(batch["id"], timeout_s=30)
         assert failing.failures_left == 0, "the catalog read never failed"
         assert done["status"] == "completed", done
         assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}

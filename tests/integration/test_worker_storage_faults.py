@@ -13,7 +13,6 @@ import asyncio
 import errno
 import logging
 import os
-import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,16 @@ from sqlalchemy import func, select, text
 from backfill.adapters.blobs.raw import LocalRawStore
 from backfill.adapters.db import tables as t
 from backfill.domain.lifecycle import ItemState
-from backfill.simulator.server import Simulator
 from tests.support import (
     InProcess,
+    Sim,
     assert_exactly_once,
     backfill_on_raw_store,
     chat_line,
+    eventually,
     in_process_backfill,
     jsonl,
 )
-
-Sim = tuple[str, Simulator]
 
 
 def slow_rows(prefix: str, n: int, delay_ms: int, pad: int = 0) -> list[dict[str, Any]]:
@@ -62,13 +60,13 @@ async def start_batch(bf: InProcess, rows: list[dict[str, Any]]) -> tuple[str, s
 
 async def wait_for(bf: InProcess, batch_id: str, done: int, timeout_s: float = 30) -> None:
     """Until at least ``done`` requests of the batch have a result."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        counts = (await bf.client.get(f"/v1/batches/{batch_id}")).json()["request_counts"]
-        if counts["completed"] + counts["failed"] >= done:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{batch_id} did not reach {done} results in {timeout_s}s")
+    await eventually(
+        lambda: bf.batch(batch_id),
+        lambda b: b["request_counts"]["completed"] + b["request_counts"]["failed"] >= done,
+        timeout_s,
+        what=f"{batch_id} to reach {done} results",
+        interval_s=0.02,
+    )
 
 
 async def item_states(bf: InProcess, batch_id: str) -> dict[int, int]:
@@ -228,7 +226,7 @@ async def test_cancel_during_failing_reads_finishes(
         cancelled = await bf.client.post(f"/v1/batches/{batch_id}/cancel")
         assert cancelled.status_code == 200, cancelled.text
         # The fault lasts: cancel must not wait on requests that nobody works on.
-        batch = await bf.wait(batch_id, timeout_s=bf.settings.lease_s * 3)
+        batch = await bf.wait(batch_id, timeout_s=bf.settings.worker.lease_s * 3)
         assert batch["status"] == "cancelled", batch
         out, err = await results(bf, batch)
         assert_exactly_once(rows, out, err)
