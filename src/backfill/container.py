@@ -38,7 +38,7 @@ from backfill.domain.notifications import RetrySchedule
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine, PressureProbe, Sealer
-from backfill.runner.engines import Sharing
+from backfill.runner.engine_pool import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker
 from backfill.services.account import AccountService
@@ -81,7 +81,7 @@ class Backfill:
     master: MasterKey
     clock: Clock
     processes: list[ManagedProcess] = field(default_factory=list)
-    # Started by the worker when work waits for them (runner/engines.py), not at start.
+    # Started by the worker when work waits for them (runner/on_demand.py), not at start.
     on_demand: list[ManagedProcess] = field(default_factory=list)
 
     async def init(self) -> None:

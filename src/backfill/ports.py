@@ -47,7 +47,12 @@ from backfill.domain.scheduling.planning import Plan, PlanInputs
 
 class Clock(Protocol):
     def now(self) -> float:
-        """Unix time in seconds."""
+        """Unix time in seconds: what is stored and shown."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back: what intervals, pauses and backoffs within
+        one process are measured with."""
         ...
 
 
@@ -147,6 +152,21 @@ class EngineDiagnostics(Protocol):
     def health_error(self) -> str | None:
         """Why the last ``healthy()`` answered False (refused, timed out, which status), in
         words for an operator; None after one that answered True. Never request content."""
+        ...
+
+
+class Switch(Protocol):
+    """The process of an engine that runs only while work waits for it."""
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped since (it may not answer yet)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """End the process; ``running`` is False from the call on."""
         ...
 
 

@@ -14,14 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
-from backfill.adapters.clock import ManualClock
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.lifecycle import BatchStatus
+from backfill.runner.engine_pool import EnginePool
 from backfill.runner.engine_reports import EngineReports
-from backfill.runner.engines import EnginePool, EngineSlot, Queued
+from backfill.runner.inputs import Queued
 from backfill.runner.loops import Loops
+from backfill.runner.slots import EngineSlot
 from tests.contract.test_store import LEASE, NOW, make_batch, make_org, ok, take
 from tests.support import free_port
 
@@ -125,7 +127,7 @@ async def test_the_writer_stores_each_health_change_without_waiting_for_a_heartb
 ) -> None:
     port = free_port()
     engine = OpenAIHttpEngine("vllm", f"http://127.0.0.1:{port}/v1", {"m-a": "m-a"})
-    pool = EnginePool([engine], no_start)
+    pool = EnginePool([engine], no_start, clock=SystemClock())
     reports = EngineReports(
         store, pool, "w1", ManualClock(NOW), ttl_s=LEASE, heartbeat_s=3600.0, min_gap_s=0.0
     )

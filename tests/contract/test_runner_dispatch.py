@@ -10,8 +10,10 @@ from typing import Any
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.money import usd_to_pico
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool, EngineSlot, Queued
+from backfill.runner.engine_pool import EnginePool
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
+from backfill.runner.inputs import Queued
+from backfill.runner.slots import EngineSlot
 from tests.contract.test_runner_request import Kit, ScriptedEngine, kit
 from tests.contract.test_store import NOW, make_org
 from tests.support import eventually

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from backfill.domain.records import BatchRecord
 from backfill.runner.dispatch import TURNED_AWAY_S, Dispatcher
-from backfill.runner.engines import EnginePool
+from backfill.runner.engine_pool import EnginePool
 from backfill.runner.fetch_pool import FetchPool
 from backfill.runner.request import RequestRunner
 from tests.contract.test_runner_request import Kit, ScriptedEngine, kit, settle

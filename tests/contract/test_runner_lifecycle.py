@@ -10,7 +10,7 @@ from backfill.domain.input_format import Limits
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool
+from backfill.runner.engine_pool import EnginePool
 from backfill.runner.finalize import Finalizer
 from backfill.runner.lifecycle import Lifecycle
 from backfill.runner.request import RequestRunner
@@ -52,6 +52,7 @@ async def parts(kit: Kit, engine: ScriptedEngine) -> Parts:
         retry_base_s=0.01,
         retry_max_s=0.1,
         on_started=lambda _batch_id: pool.wake(),
+        clock=kit.clock,
     )
     lifecycle = Lifecycle(kit.store, kit.store, finalizer, validating, dispatch, runner, kit.clock)
     return Parts(runner, pool, dispatch, lifecycle)

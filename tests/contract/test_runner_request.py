@@ -19,7 +19,7 @@ import pytest
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import MemoryRawStore
-from backfill.adapters.clock import ManualClock
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.catalog import CatalogModel
@@ -29,13 +29,14 @@ from backfill.metrics import Metrics
 from backfill.ports import Engine, EngineReply, EngineTimeout, EngineUnreachable
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
-from backfill.runner.engines import EnginePool, EngineSlot, Queued, Sharing, Start
+from backfill.runner.engine_pool import EnginePool, Sharing
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.gpu_meter import GpuMeter
-from backfill.runner.inputs import ClaimInput
+from backfill.runner.group_commit import ResultWriter
+from backfill.runner.inputs import ClaimInput, Queued
 from backfill.runner.leases import Leases
 from backfill.runner.request import RequestRunner
-from backfill.runner.results import ResultWriter
+from backfill.runner.slots import EngineSlot, Start
 from backfill.services.result_rows import result_context
 from tests.contract.test_store import LEASE, NOW, all_results, make_batch, make_org, take
 
@@ -101,7 +102,9 @@ class Kit:
     failures: WorkerFailures = field(init=False)
 
     def __post_init__(self) -> None:
-        self.failures = WorkerFailures(0.001, 0.002, give_up_after=MAX_ATTEMPTS)
+        self.failures = WorkerFailures(
+            0.001, 0.002, give_up_after=MAX_ATTEMPTS, clock=SystemClock()
+        )
 
     def runner(self, **media: Any) -> RequestRunner:
         """``media``: the runner's media arguments (fetcher, fetch pool, limits)."""
@@ -124,7 +127,7 @@ class Kit:
         self, engines: Sequence[Engine], start: Start, sharing: Sharing | None = None
     ) -> EnginePool:
         """A pool of healthy slots that hand each request they start to ``start``."""
-        pool = EnginePool(engines, start, sharing)
+        pool = EnginePool(engines, start, sharing, clock=SystemClock())
         for slot in pool.slots:
             assert await slot.check()
         return pool
@@ -218,7 +221,7 @@ async def settle(runner: RequestRunner) -> None:
 
 async def run_one(kit: Kit, engine: ScriptedEngine, batch: BatchRecord) -> EngineSlot:
     runner = kit.runner()
-    slot = EngineSlot(engine, runner.start, lambda: None)
+    slot = EngineSlot(engine, runner.start, lambda: None, clock=SystemClock())
     assert await slot.check()
     slot.offer(await kit.claim(batch, 1))
     await settle(runner)
@@ -281,7 +284,7 @@ async def test_an_engine_gone_away_gives_the_lease_back_without_a_result(kit: Ki
 
     engine.script = [EngineUnreachable()]
     runner = kit.runner()
-    slot = EngineSlot(engine, runner.start, lambda: None)
+    slot = EngineSlot(engine, runner.start, lambda: None, clock=SystemClock())
     assert await slot.check()
     engine.up = False
     slot.offer(await kit.claim(batch, 1))
@@ -308,7 +311,7 @@ async def test_running_requests_are_known_by_batch_until_they_end(kit: Kit) -> N
     engine = ScriptedEngine(batch.model, max_concurrency=2)
     engine.gate = asyncio.Event()
     runner = kit.runner()
-    slot = EngineSlot(engine, runner.start, lambda: None)
+    slot = EngineSlot(engine, runner.start, lambda: None, clock=SystemClock())
     assert await slot.check()
     slot.offer(await kit.claim(batch, 3))
     assert runner.busy(batch.id)

@@ -8,6 +8,7 @@ times the curve holds are known whatever the speed of this machine.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ class WorkClock:
 
     def now(self) -> float:
         return START + self._sim.stats.requests / PER_S
+
+    def monotonic(self) -> float:
+        # Only the wall clock follows the work; backoffs and pauses take real time.
+        return time.monotonic()
 
 
 async def progress(

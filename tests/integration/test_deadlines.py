@@ -9,6 +9,7 @@ is, and "in time" means the same on every run.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ class WorkClock:
 
     def now(self) -> float:
         return START + self._sim.stats.requests / self._per_s
+
+    def monotonic(self) -> float:
+        # Only the wall clock follows the work; backoffs and pauses take real time.
+        return time.monotonic()
 
 
 @dataclass

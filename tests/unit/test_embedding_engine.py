@@ -15,13 +15,15 @@ import pytest
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import MemoryRawStore
+from backfill.adapters.clock import ManualClock
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.container import _engines
 from backfill.domain.catalog import Billing
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
-from backfill.runner.engines import IDLE_STOP_S, EnginePool, OnDemand, Queued
-from backfill.runner.inputs import ClaimInput
+from backfill.runner.engine_pool import EnginePool
+from backfill.runner.inputs import ClaimInput, Queued
+from backfill.runner.on_demand import IDLE_STOP_S, OnDemand
 from backfill.settings import (
     LOCAL_EMBEDDING_ENGINE,
     LOCAL_EMBEDDING_MODEL,
@@ -76,19 +78,11 @@ class Engine(FakeEngine):
         return self.switch is None or self.switch.running
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Setup:
     def __init__(self) -> None:
         self.switch = Switch()
         self.queue = Queue()
-        self.clock = Clock()
+        self.clock = ManualClock(1000.0)
         self.chat = Engine("chat", CHAT)
         self.embed = Engine("embed", EMBED, self.switch)
         self.started: list[Queued] = []
@@ -96,6 +90,7 @@ class Setup:
             [self.chat, self.embed],
             lambda _slot, queued: self.started.append(queued),
             switches={"embed": self.switch},
+            clock=self.clock,
         )
         self.on_demand = OnDemand(self.pool, self.queue, clock=self.clock)
         self.chat_slot, self.slot = self.pool.slots
@@ -147,7 +142,7 @@ async def test_it_starts_when_work_waits_and_says_why(caplog: pytest.LogCaptureF
     # Running: the queue is not asked again while the engine is not long idle.
     asked = len(s.queue.asked)
     for _ in range(10):
-        s.clock.now += 1.0
+        s.clock.advance(1.0)
         await s.on_demand.step()
     assert len(s.queue.asked) == asked
     assert s.switch.starts == 1
@@ -161,10 +156,10 @@ async def test_it_stops_after_a_long_idle_spell_and_starts_again_for_new_work() 
     await s.run_one()
     s.queue.ready = set()
     await s.on_demand.step()
-    s.clock.now += IDLE_STOP_S - 1
+    s.clock.advance(IDLE_STOP_S - 1)
     await s.on_demand.step()
     assert s.switch.stops == 0
-    s.clock.now += 1
+    s.clock.advance(1)
     await s.on_demand.step()
     assert s.switch.stops == 1
     assert s.slot.parked
@@ -181,12 +176,12 @@ async def test_requests_between_two_looks_count_as_activity() -> None:
     await s.on_demand.step()
     assert await s.slot.check()
     s.queue.ready = set()
-    s.clock.now += IDLE_STOP_S - 1
+    s.clock.advance(IDLE_STOP_S - 1)
     await s.run_one()  # started and ended between two steps
-    s.clock.now += 2
+    s.clock.advance(2)
     await s.on_demand.step()
     assert s.switch.stops == 0
-    s.clock.now += IDLE_STOP_S
+    s.clock.advance(IDLE_STOP_S)
     await s.on_demand.step()
     assert s.switch.stops == 1
 
@@ -199,7 +194,7 @@ async def test_a_busy_engine_is_never_stopped() -> None:
     s.queue.ready = set()
     s.slot.offer(work(1))  # in flight for longer than the idle limit
     for _ in range(3):
-        s.clock.now += IDLE_STOP_S
+        s.clock.advance(IDLE_STOP_S)
         await s.on_demand.step()
     assert s.switch.stops == 0
 
@@ -208,7 +203,7 @@ async def test_an_engine_that_cannot_take_waiting_work_yet_keeps_running() -> No
     s = Setup()
     s.queue.ready = {EMBED}
     await s.on_demand.step()  # started, but never up (still loading, or crashing)
-    s.clock.now += IDLE_STOP_S
+    s.clock.advance(IDLE_STOP_S)
     await s.on_demand.step()
     assert s.switch.stops == 0
 

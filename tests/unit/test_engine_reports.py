@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from backfill.adapters.clock import ManualClock
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.engine_health import EngineReport, EngineState
+from backfill.runner.engine_pool import EnginePool
 from backfill.runner.engine_reports import EngineReports, write_delay
-from backfill.runner.engines import EnginePool, EngineSlot, Queued
+from backfill.runner.inputs import Queued
 from backfill.runner.loops import Loops
+from backfill.runner.slots import EngineSlot
 from tests.support import eventually
 
 
@@ -69,12 +71,13 @@ class Writer:
     def __init__(self, *, heartbeat_s: float = 3600.0, min_gap_s: float = 0.0) -> None:
         self.engine = SwitchableEngine()
         self.store = Reports()
-        self.pool = EnginePool([self.engine], no_start)
+        self.clock = ManualClock(1_000_000.0)
+        self.pool = EnginePool([self.engine], no_start, clock=SystemClock())
         self.reports = EngineReports(
             self.store,
             self.pool,
             "w1",
-            ManualClock(1_000_000.0),
+            self.clock,
             ttl_s=60.0,
             heartbeat_s=heartbeat_s,
             min_gap_s=min_gap_s,
@@ -205,6 +208,8 @@ async def test_the_heartbeat_rewrites_the_rows_without_a_change() -> None:
     try:
 
         async def writes() -> int:
+            # A heartbeat's time passes at each look: the manual clock drives the writer.
+            writer.clock.advance(0.01)  # a heartbeat at each look
             return writer.store.writes
 
         await eventually(writes, lambda n: n >= 3)
@@ -223,12 +228,13 @@ async def test_a_failed_write_is_logged_once_and_the_writer_goes_on(
     writer = Writer(heartbeat_s=0.01)
     writer.store = Down()
     writer.reports = EngineReports(
-        writer.store, writer.pool, "w1", ManualClock(0.0), ttl_s=60.0, heartbeat_s=0.01
+        writer.store, writer.pool, "w1", writer.clock, ttl_s=60.0, heartbeat_s=0.01
     )
     writer.start(watch=False)
     try:
 
         async def writes() -> int:
+            writer.clock.advance(0.01)  # a heartbeat at each look
             return writer.store.writes
 
         await eventually(writes, lambda n: n >= 3)

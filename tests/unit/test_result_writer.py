@@ -11,7 +11,7 @@ from typing import cast
 from backfill.domain.records import ItemResult, Stored
 from backfill.metrics import Metrics
 from backfill.ports import WorkQueue
-from backfill.runner.results import ResultWriter
+from backfill.runner.group_commit import ResultWriter
 
 
 class Writes:

@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.blobs.encrypted import EncryptedBlobStore
 from backfill.adapters.blobs.raw import MemoryRawStore
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.catalog import Billing
 from backfill.domain.engine_health import START_GRACE_S, EngineState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure, SharedTargets
-from backfill.runner.engines import EnginePool, EngineSlot, Queued
-from backfill.runner.inputs import ClaimInput
+from backfill.runner.engine_pool import EnginePool
+from backfill.runner.inputs import ClaimInput, Queued
+from backfill.runner.slots import EngineSlot
 
 BLOBS = EncryptedBlobStore(MemoryRawStore(), Keyring(os.urandom(32)))
 
@@ -59,7 +61,9 @@ def work(batch_id: str, count: int, org_id: str = "org_a") -> list[Queued]:
 
 async def healthy_slot(max_concurrency: int = 4) -> tuple[EngineSlot, Recorder]:
     recorder = Recorder()
-    slot = EngineSlot(SwitchableEngine(max_concurrency), recorder.start, recorder.wake)
+    slot = EngineSlot(
+        SwitchableEngine(max_concurrency), recorder.start, recorder.wake, clock=SystemClock()
+    )
     assert await slot.check()
     recorder.wakes = 0
     return slot, recorder
@@ -130,7 +134,7 @@ async def test_an_engine_that_is_down_starts_nothing_until_it_comes_back() -> No
     engine = SwitchableEngine(2)
     engine.up = False
     recorder = Recorder()
-    slot = EngineSlot(engine, recorder.start, recorder.wake)
+    slot = EngineSlot(engine, recorder.start, recorder.wake, clock=SystemClock())
     assert not await slot.check()
     assert slot.wanted == 0
     queued = work("batch_a", 3)
@@ -157,7 +161,7 @@ async def test_drop_takes_out_only_the_selected_batches_in_order() -> None:
 
 def test_pool_wake_is_seen_by_one_wait_until_cleared() -> None:
     async def scenario() -> None:
-        pool = EnginePool([], Recorder().start)
+        pool = EnginePool([], Recorder().start, clock=SystemClock())
         assert not await pool.wait_woken(0.01)
         pool.wake()
         assert await pool.wait_woken(10)
@@ -195,7 +199,7 @@ async def test_a_shared_slot_starts_what_its_limit_allows_as_the_engines_load_mo
     engine = SwitchableEngine(max_concurrency=8)
     recorder = Recorder()
     limit = ConcurrencyLimit(8, Mode.SHARED, SharedTargets(slots=16, headroom=0, headroom_sigmas=0))
-    slot = EngineSlot(engine, recorder.start, recorder.wake, limit)
+    slot = EngineSlot(engine, recorder.start, recorder.wake, limit, clock=SystemClock())
     assert await slot.check()
     # Before any look at the engine, a shared slot starts low.
     slot.offer(work("batch_a", 10))
@@ -218,7 +222,9 @@ async def test_a_shared_slot_starts_what_its_limit_allows_as_the_engines_load_mo
 async def test_an_overloaded_shared_slot_pauses_until_retry_after() -> None:
     engine = SwitchableEngine(max_concurrency=8)
     recorder = Recorder()
-    slot = EngineSlot(engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED))
+    slot = EngineSlot(
+        engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED), clock=SystemClock()
+    )
     assert await slot.check()
     slot.overloaded(0.05)
     slot.offer(work("batch_a", 3))
@@ -233,7 +239,9 @@ async def test_a_pause_moved_later_by_another_overload_still_ends_in_a_start() -
     then waits on instead of leaving the backlog stuck until something else wakes the slot."""
     engine = SwitchableEngine(max_concurrency=8)
     recorder = Recorder()
-    slot = EngineSlot(engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED))
+    slot = EngineSlot(
+        engine, recorder.start, recorder.wake, ConcurrencyLimit(8, Mode.SHARED), clock=SystemClock()
+    )
     assert await slot.check()
     slot.overloaded(0.05)
     slot.overloaded(0.3)
@@ -247,7 +255,7 @@ async def test_a_pause_moved_later_by_another_overload_still_ends_in_a_start() -
 async def test_a_dedicated_slot_ignores_pressure_and_overload() -> None:
     engine = SwitchableEngine(max_concurrency=4)
     recorder = Recorder()
-    slot = EngineSlot(engine, recorder.start, recorder.wake)
+    slot = EngineSlot(engine, recorder.start, recorder.wake, clock=SystemClock())
     assert await slot.check()
     slot.pressure(Pressure(running=100, waiting=100))
     slot.overloaded(60.0)
@@ -274,7 +282,7 @@ class DiagnosedEngine(SwitchableEngine):
 async def test_an_engine_down_from_the_start_is_logged_with_name_url_and_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    engine, now = DiagnosedEngine(), [1000.0]
+    engine, clock = DiagnosedEngine(), ManualClock(1000.0)
     engine.up = False
     recorder = Recorder()
     changes: list[bool] = []
@@ -282,7 +290,7 @@ async def test_an_engine_down_from_the_start_is_logged_with_name_url_and_reason(
         engine,
         recorder.start,
         recorder.wake,
-        now=lambda: now[0],
+        clock=clock,
         remind_s=300.0,
         changed=lambda: changes.append(True),
     )
@@ -290,7 +298,7 @@ async def test_an_engine_down_from_the_start_is_logged_with_name_url_and_reason(
     assert not await slot.check()
     assert changes == [True], "the first check is stored at once"
     assert caplog.records == [], "a starting engine gets a few seconds"
-    now[0] += START_GRACE_S
+    clock.advance(START_GRACE_S)
     await slot.check()
     [warning] = caplog.records
     assert warning.levelno == logging.WARNING
@@ -298,14 +306,14 @@ async def test_an_engine_down_from_the_start_is_logged_with_name_url_and_reason(
         "engine vllm-a (http://10.0.0.7:8000/v1) is down: cannot connect to 10.0.0.7:8000 "
         "(connection refused); requests for m-1, m-2 wait in the queue until it answers"
     )
-    now[0] += 299
+    clock.advance(299)
     await slot.check()
     assert len(caplog.records) == 1
-    now[0] += 1
+    clock.advance(1)
     await slot.check()
     assert "is still down after 310 s" in caplog.records[-1].getMessage()
     engine.up = True
-    now[0] += 5
+    clock.advance(5)
     assert await slot.check()
     assert caplog.records[-1].levelno == logging.INFO
     assert caplog.records[-1].getMessage() == (
@@ -320,7 +328,7 @@ async def test_an_engine_without_diagnostics_is_reported_with_a_generic_reason(
 ) -> None:
     engine = SwitchableEngine()
     engine.up = False
-    slot = EngineSlot(engine, Recorder().start, lambda: None, now=lambda: 0.0)
+    slot = EngineSlot(engine, Recorder().start, lambda: None, clock=ManualClock(0.0))
     await slot.check()
     assert slot.url is None
     assert slot.health.reason == "its health check failed"
@@ -329,7 +337,7 @@ async def test_an_engine_without_diagnostics_is_reported_with_a_generic_reason(
 async def test_the_pool_reports_a_round_of_checks_that_changed_something() -> None:
     engines = [SwitchableEngine(), SwitchableEngine()]
     engines[1].up = False
-    pool = EnginePool(engines, Recorder().start)
+    pool = EnginePool(engines, Recorder().start, clock=SystemClock())
     reported = asyncio.Event()
     pool.on_health_change = reported.set
     pool.start()
@@ -350,13 +358,13 @@ async def test_a_flapping_engine_is_not_a_warning_at_every_check(
 ) -> None:
     """Up and down at every check for a reminder interval: one warning and one recovery line;
     the next warning counts the outages that went unlogged."""
-    engine, now = DiagnosedEngine(), [1000.0]
-    slot = EngineSlot(engine, Recorder().start, lambda: None, now=lambda: now[0], remind_s=300.0)
+    engine, clock = DiagnosedEngine(), ManualClock(1000.0)
+    slot = EngineSlot(engine, Recorder().start, lambda: None, clock=clock, remind_s=300.0)
     caplog.set_level(logging.INFO, logger="backfill.runner")
     for _ in range(602):
         await slot.check()
         engine.up = not engine.up
-        now[0] += 0.5
+        clock.advance(0.5)
     lines = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in lines] == [
         logging.INFO,  # up
@@ -382,7 +390,7 @@ class CountedEngine(SwitchableEngine):
 
 async def test_an_engine_that_just_answered_a_request_is_up_without_being_asked() -> None:
     engine = CountedEngine()
-    slot = EngineSlot(engine, Recorder().start, lambda: None)
+    slot = EngineSlot(engine, Recorder().start, lambda: None, clock=SystemClock())
     await slot.check_unless_answered()
     assert engine.asked == 1
     assert slot.healthy

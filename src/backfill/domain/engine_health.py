@@ -7,7 +7,7 @@ that every process (an API without a worker included) reads the same picture.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -89,6 +89,45 @@ class Note:
     """How long the engine has been down (DOWN, STILL_DOWN, RECOVERED)."""
     unlogged_outages: int = 0
     """DOWN: outages since the previous warning that went unlogged (the engine flaps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A note in words an operator can act on: which engine, where, what is wrong, what waits."""
+
+    warning: bool
+    text: str
+
+
+def log_line(
+    note: Note, *, engine: str, url: str | None, models: Sequence[str], reason: str | None
+) -> LogLine:
+    where = url or "no URL"
+    serves = ", ".join(models) or "no model"
+    if note.kind == NoteKind.UP:
+        return LogLine(False, f"engine {engine} ({where}) is up")
+    if note.kind == NoteKind.RECOVERED:
+        return LogLine(
+            False, f"engine {engine} ({where}) is up again after {note.down_for_s:.0f} s down"
+        )
+    if note.kind == NoteKind.DOWN:
+        return LogLine(
+            True,
+            f"engine {engine} ({where}) is down: {reason}; requests for {serves} wait in the "
+            f"queue until it answers{_flapping(note.unlogged_outages)}",
+        )
+    return LogLine(
+        True,
+        f"engine {engine} ({where}) is still down after {note.down_for_s:.0f} s: {reason}; "
+        f"requests for {serves} wait in the queue",
+    )
+
+
+def _flapping(unlogged: int) -> str:
+    if not unlogged:
+        return ""
+    times = "time" if unlogged == 1 else "times"
+    return f" (it also went down and came back {unlogged} {times} since the previous warning)"
 
 
 @dataclass(frozen=True, slots=True)

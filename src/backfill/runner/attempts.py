@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +13,9 @@ from backfill.domain.endpoints import EMBEDDINGS_URL
 from backfill.domain.records import ClaimedItem, WorkBatch
 from backfill.metrics import Metrics
 from backfill.ports import Clock, EngineTimeout, EngineUnreachable
-from backfill.runner.engines import EngineSlot
 from backfill.runner.replies import Outcome, engine_error, failed, succeeded
 from backfill.runner.retry import backoff_s, is_transient
+from backfill.runner.slots import EngineSlot
 
 # Answers that say the engine has no room now: a shared engine takes fewer (SPEC §9.5).
 _OVERLOADED = frozenset({429, 503})
@@ -50,7 +49,7 @@ class Attempts:
         while True:
             attempt += 1
             retry_after: float | None = None
-            started = time.monotonic()
+            started = self._clock.monotonic()
             reason = "timeout"
             try:
                 reply = await engine.send(batch.endpoint, batch.model, body)
@@ -62,7 +61,7 @@ class Attempts:
                     return None
                 final = failed(item.custom_id, "engine_unavailable")
             else:
-                took = time.monotonic() - started
+                took = self._clock.monotonic() - started
                 self._metrics.latency.labels(engine.name).observe(took)
                 reason = str(reply.status)
                 if reply.status == 200:

@@ -20,10 +20,11 @@ from backfill.domain.media import may_hold_remote_images, remote_image_urls
 from backfill.domain.records import WorkBatch
 from backfill.domain.scheduling.locality import assign, prefix_key
 from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
-from backfill.runner.engines import EnginePool, EngineSlot, Queued
-from backfill.runner.inputs import ClaimInput
+from backfill.runner.engine_pool import EnginePool
+from backfill.runner.inputs import ClaimInput, Queued
 from backfill.runner.leases import Leases
 from backfill.runner.loops import Pace
+from backfill.runner.slots import EngineSlot
 
 # A line the full fetch pool turned away is claimable again after this long. At once, the next
 # claim (for a line of another org, say) would bring it back to be turned away again, each

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.ports import Clock, EngineHealthStore
-from backfill.runner.engines import EnginePool, EngineSlot
+from backfill.runner.engine_pool import EnginePool
+from backfill.runner.slots import EngineSlot
 
 log = logging.getLogger("backfill.runner")
 
@@ -52,7 +52,6 @@ class EngineReports:
         *,
         heartbeat_s: float,
         min_gap_s: float = MIN_WRITE_GAP_S,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._pool = pool
@@ -62,11 +61,10 @@ class EngineReports:
         self._heartbeat_s = heartbeat_s
         # Rows must be rewritten before their ``until``: the gap never outlasts the heartbeat.
         self._min_gap_s = min(min_gap_s, heartbeat_s)
-        self._monotonic = monotonic
         self._failing = False
         self._dirty = asyncio.Event()
         self._last_write: float | None = None
-        self._heartbeat_at = monotonic() + heartbeat_s
+        self._heartbeat_at = clock.monotonic() + heartbeat_s
 
     def current(self) -> list[EngineReport]:
         """Every engine as this worker sees it now (those not checked yet included)."""
@@ -81,7 +79,7 @@ class EngineReports:
         """One turn of the writer loop: wait for a change, the heartbeat or ``stopping``, then
         write the latest snapshot unless stopping. Only the wait is ever cut short."""
         delay = write_delay(
-            self._monotonic(),
+            self._clock.monotonic(),
             dirty=self._dirty.is_set(),
             last_write=self._last_write,
             heartbeat_at=self._heartbeat_at,
@@ -98,7 +96,7 @@ class EngineReports:
             return
         self._dirty.clear()
         await self.publish()
-        self._last_write = self._monotonic()
+        self._last_write = self._clock.monotonic()
         self._heartbeat_at = self._last_write + self._heartbeat_s
 
     async def publish(self) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from backfill.errors import ContentUnreadable, NotFound
+from backfill.ports import Clock
 from backfill.runner.retry import backoff_s
 
 log = logging.getLogger("backfill.runner")
@@ -44,11 +44,15 @@ class WorkerFailures:
     give_up_after: int = 5
     give_up_span_s: float = 60.0
     rng: random.Random = field(default_factory=random.Random)
+    clock: Clock = field(kw_only=True)
     _streak: Counter[str] = field(default_factory=Counter)
     # (batch, item) -> (failures, monotonic time of the first)
     _items: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
     _unlogged: Counter[tuple[str, str]] = field(default_factory=Counter)
-    _last_summary: float = field(default_factory=time.monotonic)
+    _last_summary: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._last_summary = self.clock.monotonic()
 
     def transient(
         self, batch_id: str, idx: int, exc: BaseException, *, own: bool = True
@@ -63,10 +67,13 @@ class WorkerFailures:
         attempt = streak
         if own:
             key = (batch_id, idx)
-            count, first = self._items.get(key, (0, time.monotonic()))
+            count, first = self._items.get(key, (0, self.clock.monotonic()))
             count += 1
             self._items[key] = (count, first)
-            if count >= self.give_up_after and time.monotonic() - first >= self.give_up_span_s:
+            if (
+                count >= self.give_up_after
+                and self.clock.monotonic() - first >= self.give_up_span_s
+            ):
                 del self._items[key]
                 self._note(batch_id, idx, exc, "it failed repeatedly; it ends with an error row")
                 return None
@@ -105,7 +112,7 @@ class WorkerFailures:
 
     def summarise(self) -> None:
         """Log how often each cause recurred since the last summary, at most once a period."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._last_summary < self.summary_every_s:
             return
         self._last_summary = now

@@ -1,12 +1,15 @@
-"""Reading the input lines of a claim: one ranged read for all of them, not one per line."""
+"""A claimed request and its input: the lines of a claim are read with one ranged read for all
+of them, not one per line."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 from backfill.domain.files import content_key
-from backfill.domain.records import Claim, ClaimedItem
+from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 from backfill.ports import BlobStore
 
 
@@ -40,3 +43,14 @@ class ClaimInput:
 def _retrieve(read: asyncio.Future[bytes]) -> None:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         read.exception()
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A claimed request waiting for a free slot of its engine; ``body``, when set, is what
+    its engine is sent (decoded before the slot, its remote images already inline)."""
+
+    batch: WorkBatch
+    item: ClaimedItem
+    input: ClaimInput
+    body: dict[str, Any] | None = None

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 from backfill.domain import ids
 from backfill.ports import Clock, WorkQueue
-from backfill.runner.engines import Queued
+from backfill.runner.inputs import Queued
 
 
 class Leases:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from backfill.domain.lifecycle import BatchStatus
@@ -68,7 +67,7 @@ class Lifecycle:
             if status == BatchStatus.VALIDATING:
                 self._validating.see(batch, now)
                 continue
-            if batch.id in self._finalizing or time.monotonic() < self._finalize_after.get(
+            if batch.id in self._finalizing or self._clock.monotonic() < self._finalize_after.get(
                 batch.id, 0.0
             ):
                 continue
@@ -106,7 +105,7 @@ class Lifecycle:
                 await self._finalizer.finalize(batch, status, terminal, before=close)
             except Exception:
                 log.exception("finalizing %s failed; trying again in %ss", batch.id, REFINALIZE_S)
-                self._finalize_after[batch.id] = time.monotonic() + REFINALIZE_S
+                self._finalize_after[batch.id] = self._clock.monotonic() + REFINALIZE_S
             else:
                 self._finalize_after.pop(batch.id, None)
                 self._on_ended()

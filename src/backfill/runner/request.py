@@ -16,14 +16,15 @@ from backfill.domain.media import MediaLimits, may_hold_remote_images
 from backfill.domain.records import ClaimedItem, ItemResult, WorkBatch
 from backfill.ports import Catalog, Clock, MediaFetcher, Sealer
 from backfill.runner.attempts import Attempts
-from backfill.runner.engines import EngineSlot, Queued
 from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.fetch_pool import FetchPool
 from backfill.runner.gpu_meter import GpuMeter
+from backfill.runner.group_commit import ResultWriter
+from backfill.runner.inputs import Queued
 from backfill.runner.leases import Leases
 from backfill.runner.media import with_inline_images
 from backfill.runner.replies import Outcome, failed
-from backfill.runner.results import ResultWriter
+from backfill.runner.slots import EngineSlot
 from backfill.services.result_rows import result_context
 
 # All of one line's images are fetched within this long, unless the worker is told otherwise.

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
-from backfill.ports import WorkQueue
+from backfill.ports import Clock, WorkQueue
 from backfill.runner.finalize import Finalizer
 from backfill.services.batches import BatchStarter
 
@@ -34,7 +33,9 @@ class ValidatingTakeover:
         retry_base_s: float,
         retry_max_s: float,
         on_started: Callable[[str], None],
+        clock: Clock,
     ) -> None:
+        self._clock = clock
         self._store = store
         self._starter = starter
         self._finalizer = finalizer
@@ -59,7 +60,7 @@ class ValidatingTakeover:
         if not expired and now - batch.created_at < self._grace_s:
             return  # the process that created it is most likely enqueueing it right now
         not_before, _ = self._after.get(batch.id, (float("-inf"), 0.0))
-        if time.monotonic() < not_before:
+        if self._clock.monotonic() < not_before:
             return
         task = asyncio.create_task(self._start_or_expire(batch, expired))
         self._running[batch.id] = task
@@ -86,7 +87,7 @@ class ValidatingTakeover:
         except Exception as exc:
             _, last = self._after.get(batch.id, (0.0, 0.0))
             delay = min(max(2 * last, self._retry_base_s), self._retry_max_s)
-            self._after[batch.id] = (time.monotonic() + delay, delay)
+            self._after[batch.id] = (self._clock.monotonic() + delay, delay)
             if not last:
                 log.warning(
                     "could not %s %s yet; trying again with backoff",

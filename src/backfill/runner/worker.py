@@ -1,6 +1,7 @@
 """The worker: a supervisor that builds the runner's parts and runs them as named tasks.
 
-- dispatch (``dispatch.py``) claims work and hands it to engine slots (``engines.py``);
+- dispatch (``dispatch.py``) claims work and hands it to engine slots (``slots.py``, held by
+  ``engine_pool.py``; ``on_demand.py`` starts and stops engines);
 - each request runs as its own task (``request.py``);
 - the lifecycle (``lifecycle.py``) drives batches to their terminal state;
 - side tasks renew leases, charge GPU time, sweep expired content, and send notifications
@@ -27,29 +28,25 @@ from backfill.ports import (
     MediaFetcher,
     ResultStore,
     Sealer,
+    Switch,
     WaitingWork,
     WorkQueue,
 )
 from backfill.runner.attempts import Attempts, RetryPolicy
 from backfill.runner.dispatch import Dispatcher
+from backfill.runner.engine_pool import EnginePool, Sharing
 from backfill.runner.engine_reports import EngineReports
-from backfill.runner.engines import (
-    ON_DEMAND_CHECK_S,
-    EnginePool,
-    OnDemand,
-    Sharing,
-    Switch,
-)
 from backfill.runner.failures import WorkerFailures
 from backfill.runner.fetch_pool import FetchPool
 from backfill.runner.finalize import Finalizer
 from backfill.runner.gpu_meter import GpuCharger, GpuMeter
+from backfill.runner.group_commit import ResultWriter
 from backfill.runner.leases import Leases
 from backfill.runner.lifecycle import Lifecycle
 from backfill.runner.loops import Loops, Pace, end_within
 from backfill.runner.notify import Notifier
+from backfill.runner.on_demand import ON_DEMAND_CHECK_S, OnDemand
 from backfill.runner.request import RequestRunner
-from backfill.runner.results import ResultWriter
 from backfill.runner.validating import ValidatingTakeover
 from backfill.services.batches import BatchStarter
 from backfill.services.planner import Planner
@@ -125,7 +122,7 @@ class Worker:
             running=lambda: self._requests.running,
         )
         self._failures = WorkerFailures(
-            config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts
+            config.retry_base_s, config.retry_max_s, give_up_after=config.max_attempts, clock=clock
         )
         meter = GpuMeter(clock)
         # GPU time is charged every ``gpu_time_flush_s`` while requests of private deployments
@@ -157,7 +154,7 @@ class Worker:
             self._requests.start,
             sharing,
             on_demand,
-            now=clock.now,
+            clock=clock,
             remind_s=config.engine_down_log_interval_s,
         )
         self._reports = EngineReports(
@@ -172,7 +169,7 @@ class Worker:
         if fetches is not None:
             # Room in the fetch pool again: lines it turned away can be claimed back.
             fetches.on_free = self._pool.wake
-        self._on_demand = OnDemand(self._pool, store, now=clock.now)
+        self._on_demand = OnDemand(self._pool, store, clock=clock)
         # While every engine started on demand is stopped, the queue is asked less and less
         # often whether work waits for one; a batch created here asks at once.
         self._on_demand_pace = Pace(ON_DEMAND_CHECK_S, config.idle_poll_s)
@@ -199,6 +196,7 @@ class Worker:
             retry_base_s=config.retry_base_s,
             retry_max_s=config.validating_retry_max_s,
             on_started=self.note_created,
+            clock=clock,
         )
         self._lifecycle = Lifecycle(
             store,

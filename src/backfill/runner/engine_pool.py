@@ -1,0 +1,136 @@
+"""Every engine's slot, the watch over their health and load, and the wake-up that tells the
+dispatcher capacity freed up (or work arrived)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit
+from backfill.ports import Clock, Engine, PressureProbe, Switch
+from backfill.runner.slots import DOWN_REMINDER_S, WATCH_S, EngineSlot, Start
+
+log = logging.getLogger("backfill.runner")
+
+# A shared engine whose metrics cannot be read is looked at again this much later.
+_PROBE_RETRY_S = 5.0
+# How often each engine's health is looked at while one is down (while all are up: WATCH_S).
+_WATCH_DOWN_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """How the engines are shared with interactive traffic, by engine name: each named one
+    has its own adaptive limit (and a metrics probe when it publishes its load); the others
+    are dedicated, filled up to their ``max_concurrency``."""
+
+    limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
+    probes: Mapping[str, PressureProbe] = field(default_factory=dict)
+    probe_interval_s: float = 0.1
+
+
+class EnginePool:
+    """Every engine's slot, their health watch, and the wake-up that tells the dispatcher
+    capacity freed up (or work arrived)."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        start: Start,
+        sharing: Sharing | None = None,
+        switches: Mapping[str, Switch] | None = None,
+        *,
+        clock: Clock,
+        remind_s: float = DOWN_REMINDER_S,
+    ) -> None:
+        self._woken = asyncio.Event()
+        self._recheck = asyncio.Event()
+        self._sharing = sharing or Sharing()
+        limits, switches = self._sharing.limits, switches or {}
+        self.slots = [
+            EngineSlot(
+                e,
+                start,
+                self._woken.set,
+                limits.get(e.name),
+                switches.get(e.name),
+                clock=clock,
+                remind_s=remind_s,
+                changed=self._health_moved,
+            )
+            for e in engines
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+        # Told when a health check changes what it says about an engine. It must not block:
+        # the worker's report writer stores the change from its own loop, so neither a slow
+        # database nor stopping the watch can hold up the checks or cut a write short.
+        self.on_health_change: Callable[[], None] | None = None
+
+    def _health_moved(self) -> None:
+        # Told at once, whoever found the change: the watch's round, a request that found the
+        # engine unreachable, an on-demand engine parked.
+        if self.on_health_change is not None:
+            self.on_health_change()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def clear_wake(self) -> None:
+        self._woken.clear()
+
+    async def wait_woken(self, timeout_s: float) -> bool:
+        """Wait until ``wake`` (True) or ``timeout_s`` (False)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), timeout_s)
+        return self._woken.is_set()
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._watch(), name="engine-health"))
+        for slot in self.slots:
+            probe = self._sharing.probes.get(slot.engine.name)
+            if probe is not None:
+                name = f"engine-pressure-{slot.engine.name}"
+                self._tasks.append(asyncio.create_task(self._probe(slot, probe), name=name))
+
+    def recheck(self) -> None:
+        """Look at every engine's health now (an engine was just started)."""
+        self._recheck.set()
+
+    async def _watch(self) -> None:
+        while True:
+            self._recheck.clear()
+            for slot in self.slots:
+                await slot.check_unless_answered()
+            # A parked engine is down on purpose: the others are not watched closer for it.
+            healthy = all(s.healthy or s.parked for s in self.slots)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), WATCH_S if healthy else _WATCH_DOWN_S)
+
+    async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
+        """Follow a shared engine's load from its metrics, as often as the settings say
+        while they can be read, every few seconds while they cannot; not at all once the
+        engine says it has none."""
+        while True:
+            pressure = await probe.read()
+            slot.pressure(pressure)
+            if probe.absent:
+                log.info(
+                    "engine %s publishes no load metrics: its latency is followed", slot.engine.name
+                )
+                return
+            ok = pressure is not None
+            await asyncio.sleep(self._sharing.probe_interval_s if ok else _PROBE_RETRY_S)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for slot in self.slots:
+            await slot.engine.close()
+        for probe in self._sharing.probes.values():
+            await probe.close()

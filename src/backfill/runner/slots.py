@@ -1,0 +1,262 @@
+"""One engine's slot: how many requests it may take now, the claimed requests waiting for a
+free place, and its last known health."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from backfill.domain.engine_health import EngineState, HealthTracker, Note, log_line
+from backfill.domain.records import WorkBatch
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure
+from backfill.ports import Clock, Engine, EngineDiagnostics, Switch
+from backfill.runner.inputs import Queued
+
+log = logging.getLogger("backfill.runner")
+
+# How often each engine's health is looked at while all are up (while one is down: more often).
+# A slot that answered a request within it is up without being asked.
+WATCH_S = 5.0
+# The fewest claimed items an engine's backlog holds, and the fewest a claim takes.
+MIN_PREFETCH = 2
+# While an engine stays down its warning is repeated this often, and a flapping engine's
+# outages with the same reason are not warned about more often (engine_down_log_interval_s).
+DOWN_REMINDER_S = 300.0
+
+
+Start = Callable[["EngineSlot", Queued], None]
+"""Runs a queued request on the slot that just counted it in flight; must not block."""
+
+
+class EngineSlot:
+    """One engine: its in-flight count, its claimed backlog and its last known health.
+
+    Only these methods change them. A request that ends calls ``done``; its slot goes at once
+    to the next queued request (through ``start``), so a busy engine never waits for a claim
+    round trip, and ``wake`` tells the dispatcher to claim more. Health checks are logged as
+    ``HealthTracker`` decides (a warning with the reason when the engine is down, again every
+    ``remind_s`` while it stays down, a flapping engine's outages at most that often), and
+    ``changed`` is called when what they found moved.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        start: Start,
+        wake: Callable[[], None],
+        limit: ConcurrencyLimit | None = None,
+        switch: Switch | None = None,
+        *,
+        clock: Clock,
+        remind_s: float = DOWN_REMINDER_S,
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._changed = changed
+        self.health = HealthTracker(clock.now(), remind_s=remind_s)
+        self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
+        # Set for an engine started on demand (``OnDemand``); None: it runs all along.
+        self.switch = switch
+        # Requests ended, ever: an engine started on demand is idle while this stands still.
+        self.finished = 0
+        self._start = start
+        self._wake = wake
+        self._in_flight = 0
+        self._healthy = False
+        # When (monotonic) the engine last answered one of Backfill's requests with a 200.
+        self._answered_at = -WATCH_S
+        self._backlog: deque[Queued] = deque()
+        self._resume: asyncio.TimerHandle | None = None
+
+    @property
+    def limit(self) -> int:
+        """Requests this engine may have in flight now (its governor decides)."""
+        governor = self.governor
+        # Only an engine that was ever paused reads the clock: this runs on every start.
+        return (
+            governor.allowed(self._clock.monotonic()) if governor.paused_until else governor.limit
+        )
+
+    @property
+    def prefetch(self) -> int:
+        """Claimed items kept waiting for a free slot: a quarter of the limit's worth, and at
+        least two. Half the limit took a tenth off the CPU per request, but a batch arriving
+        behind another org's backlog then waited past its fair share's 1.2x. Two, not one, on
+        a small engine lets each claim take two items (``claim_threshold``): one claim per
+        request was most of what a worker spends waiting on a slow engine
+        (docs/performance.md)."""
+        limit = self.governor.limit
+        return max(MIN_PREFETCH, limit // 4) if limit > 0 else 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def parked(self) -> bool:
+        """An engine started on demand that is not running: down, without asking it."""
+        return self.switch is not None and not self.switch.running
+
+    @property
+    def backlog(self) -> tuple[Queued, ...]:
+        return tuple(self._backlog)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self._in_flight) if self._healthy else 0
+
+    @property
+    def claim_threshold(self) -> int:
+        """Claim once this many items are wanted: fewer, larger claims cost less CPU. Never
+        more than ``prefetch``: a slot that frees up with the backlog empty wants more than
+        that, so no slot waits for work that a claim could have brought."""
+        return max(MIN_PREFETCH, self.prefetch // 2)
+
+    @property
+    def wanted(self) -> int:
+        """How many more items to claim for this engine now."""
+        limit = self.limit
+        if not self._healthy or limit <= 0:
+            return 0
+        return max(0, limit + self.prefetch - self._in_flight - len(self._backlog))
+
+    def offer(self, queued: Iterable[Queued]) -> None:
+        """Queue claimed requests; as many as there are free slots start now."""
+        self._backlog.extend(queued)
+        self._fill()
+
+    def offer_first(self, queued: Queued) -> None:
+        """Queue a request ahead of the backlog: it was claimed before the backlog was, and
+        only waited for its images (or a free slot starts it now)."""
+        self._backlog.appendleft(queued)
+        self._fill()
+
+    def done(self) -> None:
+        """A request started by this slot ended: its place goes to the next queued one."""
+        if self._in_flight <= 0:
+            raise RuntimeError(f"engine {self.engine.name}: a request ended that never started")
+        self._in_flight -= 1
+        self.finished += 1
+        self._wake()
+        self._fill()
+
+    def succeeded(self, latency_s: float, output_tokens: int) -> None:
+        """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
+        now = self._answered_at = self._clock.monotonic()
+        if self.governor.on_latency(latency_s, output_tokens, now):
+            self._retune()
+
+    def overloaded(self, retry_after_s: float | None) -> None:
+        """The engine answered 429 or 503: a shared engine takes fewer, after a pause."""
+        governor = self.governor
+        governor.on_overload(retry_after_s, self._clock.monotonic())
+        if governor.paused_until and self._resume is None:
+            delay = max(0.0, governor.paused_until - self._clock.monotonic())
+            self._resume = asyncio.get_running_loop().call_later(delay, self._resumed)
+
+    def pressure(self, pressure: Pressure | None) -> None:
+        """The engine's metrics were read (None: they could not be)."""
+        if pressure is None:
+            before = self.governor.limit
+            self.governor.on_metrics_lost()
+            if self.governor.limit != before:
+                self._retune()
+        elif self.governor.on_pressure(pressure, self._in_flight):
+            self._retune()
+
+    def _resumed(self) -> None:
+        self._resume = None
+        # Another 429 may have moved the pause later while this timer waited: wait on.
+        left = self.governor.paused_until - self._clock.monotonic()
+        if left > 0:
+            self._resume = asyncio.get_running_loop().call_later(left, self._resumed)
+            return
+        self._retune()
+
+    def wake_in(self, delay_s: float) -> None:
+        """Look for work again after ``delay_s``: a line this slot gave back with a backoff is
+        claimable then, and nothing else would wake an idle dispatcher for it."""
+        asyncio.get_running_loop().call_later(delay_s, self._wake)
+
+    def _retune(self) -> None:
+        """The limit moved: start what now fits, and claim more if it grew."""
+        self._wake()
+        self._fill()
+
+    def drop(self, where: Callable[[WorkBatch], bool]) -> list[Queued]:
+        """Take the queued requests of the batches ``where`` selects out of the backlog; the
+        caller gives their leases back."""
+        dropped: list[Queued] = []
+        keep: deque[Queued] = deque()
+        for queued in self._backlog:
+            (dropped if where(queued.batch) else keep).append(queued)
+        self._backlog = keep
+        return dropped
+
+    async def check_unless_answered(self) -> None:
+        """The watch's look: an engine that answered a request within the watch's interval is
+        up without being asked (a health request a second beside real ones would only cost
+        CPU an engine on the same cores needs); any other is asked."""
+        if not self.parked and self._clock.monotonic() - self._answered_at < WATCH_S:
+            self._observe(EngineState.UP)
+        else:
+            await self.check()
+
+    async def check(self) -> bool:
+        """Ask the engine whether it is up; one that comes back takes its backlog at once."""
+        healthy = not self.parked and await self.engine.healthy()
+        # Parked while it was asked: the answer came from a process that is stopping.
+        if self.parked:
+            self._observe(EngineState.STANDBY)
+        elif healthy:
+            self._observe(EngineState.UP)
+        else:
+            self._observe(EngineState.DOWN, _health_error(self.engine))
+        return self._healthy
+
+    def down(self) -> None:
+        """Take no more work: the engine is about to stop (on purpose: standby)."""
+        self._observe(EngineState.STANDBY)
+
+    @property
+    def url(self) -> str | None:
+        engine = self.engine
+        return engine.url if isinstance(engine, EngineDiagnostics) else None
+
+    def _observe(self, state: EngineState, reason: str | None = None) -> None:
+        seen = self.health.observe(state, reason, self._clock.now())
+        if seen.note is not None:
+            self._log(seen.note)
+        self._set_health(state == EngineState.UP)
+        if seen.changed:
+            self._changed()
+
+    def _log(self, note: Note) -> None:
+        engine = self.engine
+        line = log_line(
+            note, engine=engine.name, url=self.url, models=engine.models, reason=self.health.reason
+        )
+        log.log(logging.WARNING if line.warning else logging.INFO, "%s", line.text)
+
+    def _set_health(self, healthy: bool) -> None:
+        was, self._healthy = self._healthy, healthy
+        if healthy and not was:
+            self._wake()
+            self._fill()
+
+    def _fill(self) -> None:
+        while self.free > 0 and self._backlog:
+            queued = self._backlog.popleft()
+            self._in_flight += 1
+            self._start(self, queued)
+
+
+def _health_error(engine: Engine) -> str | None:
+    return engine.health_error if isinstance(engine, EngineDiagnostics) else None
