@@ -58,8 +58,8 @@ async def test_catalog_read_failing_before_a_gpu_time_request_releases_its_slot(
     async with fleet(tmp_path, clock=SystemClock(), private_concurrency=1) as f:
         worker = f.bf.backfill.worker
         assert worker is not None
-        failing = CatalogFailingOnce(worker._requests._catalog)
-        worker._requests._catalog = failing
+        failing = CatalogFailingOnce(worker.parts.requests._catalog)
+        worker.parts.requests._catalog = failing
         rows = [private_line(f"g{i}", f"gpu {i}") for i in range(3)]
         batch = await created(f.bf, rows)
 
@@ -68,7 +68,7 @@ async def test_catalog_read_failing_before_a_gpu_time_request_releases_its_slot(
         assert done["status"] == "completed", done
         assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
         # With one slot, a leaked slot would have left nothing to run the batch on.
-        [private] = [s for s in worker._pool.slots if s.engine.serves(DEPLOYMENT)]
+        [private] = [s for s in worker.parts.pool.slots if s.engine.serves(DEPLOYMENT)]
         assert private.in_flight == 0
 
 
@@ -165,7 +165,7 @@ async def test_request_failing_again_and_again_inside_backfill_ends_as_an_error_
     async with in_process_backfill(tmp_path, sim[0], engines=[engine]) as bf:
         worker = bf.backfill.worker
         assert worker is not None
-        worker._failures.give_up_span_s = 0.3
+        worker.parts.failures.give_up_span_s = 0.3
         batch = await bf.run_batch(rows, timeout_s=30)
         assert batch["status"] == "completed", batch
         assert batch["request_counts"] == {"total": 6, "completed": 5, "failed": 1}
@@ -176,7 +176,7 @@ async def test_request_failing_again_and_again_inside_backfill_ends_as_an_error_
         assert given_up["response"] is None
         assert given_up["error"]["code"] == "internal_error"
         assert "failed repeatedly inside Backfill" in given_up["error"]["message"]
-        assert engine.booms >= worker._failures.give_up_after
+        assert engine.booms >= worker.parts.failures.give_up_after
         org = await bf.backfill.store.org_by_name("default")
         assert org is not None
         assert (await bf.backfill.store.ledger(org.id)).reserved == 0

@@ -26,8 +26,9 @@ class ResultWriter:
         running: Callable[[], int] | None = None,
     ) -> None:
         self._store = store
-        # How many requests run now, those waiting in ``put`` included (None: not known).
-        self._running = running
+        # How many requests run now, those waiting in ``put`` included (None: not known). The
+        # composition root sets it once the request runner, which counts them, is built.
+        self.running = running
         # Told the batches a write finished, so their finalize starts at once.
         self._on_finished = on_finished
         # Labelled children resolved once: this runs for every stored result.
@@ -59,7 +60,7 @@ class ResultWriter:
             # A short pause lets results that finish together share one commit. When every
             # request that runs waits on this commit (a batch's last, or an engine's only one),
             # none would join it: it goes at once.
-            if self._running is None or self._running() > len(self._pending):
+            if self.running is None or self.running() > len(self._pending):
                 await asyncio.sleep(self._flush_s)
             self._wakeup.clear()
             await self.flush()

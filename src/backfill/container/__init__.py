@@ -31,6 +31,7 @@ from backfill.adapters.http.app import create_app
 from backfill.adapters.notify.smtp import SmtpMailer, SmtpSettings
 from backfill.adapters.notify.webhooks import SignedWebhooks
 from backfill.adapters.private import private_dir, tighten_file
+from backfill.container.worker import WorkerInputs, build_worker
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.domain.media import MediaLimits
@@ -370,34 +371,36 @@ def build(
         if engines is None:
             built = _engines(settings)
             engines, sharing = built.engines, built.sharing
-        worker = Worker(
-            store,
-            blobs,
-            keyring,
-            engines,
-            clock,
+        worker = build_worker(
+            WorkerInputs(
+                store,
+                blobs,
+                keyring,
+                engines,
+                clock,
+                catalog,
+                starter,
+                Janitor(
+                    store,
+                    files,
+                    clock,
+                    notifications=store,
+                    keep_notifications_s=settings.limits.output_file_ttl_s,
+                ),
+                metrics,
+                Planner(
+                    store,
+                    clock,
+                    interval_s=settings.scheduling.plan_interval_s,
+                    margin_fraction=settings.scheduling.deadline_margin_fraction,
+                ),
+                sharing,
+                built.on_demand,
+                _media_fetcher(settings),
+                _notifier(settings, store, webhooks, keyring, clock, metrics),
+                name=_worker_name(),
+            ),
             settings.worker,
-            catalog,
-            starter,
-            Janitor(
-                store,
-                files,
-                clock,
-                notifications=store,
-                keep_notifications_s=settings.limits.output_file_ttl_s,
-            ),
-            metrics,
-            Planner(
-                store,
-                clock,
-                interval_s=settings.scheduling.plan_interval_s,
-                margin_fraction=settings.scheduling.deadline_margin_fraction,
-            ),
-            sharing,
-            built.on_demand,
-            _media_fetcher(settings),
-            _notifier(settings, store, webhooks, keyring, clock, metrics),
-            name=_worker_name(),
             limits=settings.limits,
             fetch=settings.fetch,
             # Only a worker alone on its database may take back every lease at start.
