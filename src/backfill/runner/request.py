@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.input_format import request_body
 from backfill.domain.media import MediaLimits, may_hold_remote_images
-from backfill.domain.records import ClaimedItem, ItemResult, WorkBatch
+from backfill.domain.records import ClaimedItem
 from backfill.ports import Catalog, Clock, MediaFetcher, Sealer
 from backfill.runner.attempts import Attempts
+from backfill.runner.endings import Endings
 from backfill.runner.failures import WorkerFailures, is_permanent
 from backfill.runner.fetch_pool import FetchPool
 from backfill.runner.gpu_meter import GpuMeter
@@ -24,18 +24,14 @@ from backfill.runner.inputs import Queued
 from backfill.runner.leases import Leases
 from backfill.runner.media import with_inline_images
 from backfill.runner.replies import Outcome, failed
+from backfill.runner.running import RunningRequests
 from backfill.runner.slots import EngineSlot
-from backfill.services.result_rows import result_context
 
 # All of one line's images are fetched within this long, unless the worker is told otherwise.
 FETCH_TOTAL_S = 60.0
-REPEATED_FAILURE = (
-    "This request failed repeatedly inside Backfill (not at the engine) and was given up so "
-    "its batch could finish; submit it again."
-)
 
 
-class RequestRunner:
+class RequestRunner(RunningRequests):
     """Starts each request its slot hands over as a task, and each request the dispatcher
     sends to fetch its images first, and knows which run now, by batch: the lease renewal
     holds exactly those, cancel waits for them (or stops those still fetching), expiry
@@ -65,19 +61,13 @@ class RequestRunner:
         self._fetches = fetches
         self._fetch_total_s = fetch_total_s
         self._attempts = attempts
-        self._results = results
         self._leases = leases
         self._failures = failures
-        self._sealer = sealer
         self._meter = meter
         self._catalog = catalog
-        self._clock = clock
-        self._retry_max_s = retry_max_s
+        self._endings = Endings(results, leases, failures, sealer, clock, retry_max_s)
         self._deployments: dict[str, CatalogModel | None] = {}
-        # Tasks running now (with their item index), by batch; a batch leaves with its last.
-        # Those fetching images, holding no slot, are in ``_fetching`` too.
-        self._running: dict[str, dict[asyncio.Task[None], int]] = {}
-        self._fetching: set[asyncio.Task[None]] = set()
+        super().__init__()
 
     def start(self, slot: EngineSlot, queued: Queued) -> None:
         """Run ``queued`` on ``slot``, which already counts it in flight."""
@@ -109,44 +99,8 @@ class RequestRunner:
                 self._leases.release_soon([queued])
 
         task.add_done_callback(ended)
-        self._fetching.add(task)
-        task.add_done_callback(self._fetching.discard)
-        self._track(queued, task)
+        self._track(queued, task, fetching=True)
         return True
-
-    def _track(self, queued: Queued, task: asyncio.Task[None]) -> None:
-        batch_id = queued.batch.id
-        self._running.setdefault(batch_id, {})[task] = queued.item.idx
-        task.add_done_callback(functools.partial(self._ended, batch_id))
-
-    def _ended(self, batch_id: str, task: asyncio.Task[None]) -> None:
-        tasks = self._running.get(batch_id)
-        if tasks is not None:
-            tasks.pop(task, None)
-            if not tasks:
-                del self._running[batch_id]
-
-    def busy(self, batch_id: str) -> bool:
-        return batch_id in self._running
-
-    def held(self) -> dict[str, set[int]]:
-        """The items whose requests run now, by batch."""
-        return {batch_id: set(tasks.values()) for batch_id, tasks in self._running.items()}
-
-    @property
-    def fetching(self) -> int:
-        """How many requests fetch images now, or wait for a fetch place."""
-        return len(self._fetching)
-
-    @property
-    def running(self) -> int:
-        """How many requests run now (those storing their result and those fetching images
-        included)."""
-        return sum(map(len, self._running.values()))
-
-    @property
-    def tasks(self) -> list[asyncio.Task[None]]:
-        return [task for tasks in self._running.values() for task in tasks]
 
     async def abandon(self, batch_id: str) -> None:
         """Cancel the batch's running requests and wait until they are gone."""
@@ -219,13 +173,13 @@ class RequestRunner:
             if outcome is None:  # the engine went away: back to the queue, no attempt counted
                 await self._leases.release(batch.id, item.idx, None)
                 return
-            await self._put(batch, item, outcome)
+            await self._endings.put(batch, item, outcome)
             self._failures.succeeded(batch.id, item.idx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             free()
-            await self._back_to_queue(slot, batch, item, exc, own=own)
+            await self._endings.back_to_queue(slot, batch, item, exc, own=own)
         finally:
             free()
             if metered is not None:
@@ -252,27 +206,14 @@ class RequestRunner:
                 )
             if isinstance(ready, Outcome):
                 # Its error row, stored without ever taking an engine slot.
-                await self._put(batch, item, ready)
+                await self._endings.put(batch, item, ready)
                 self._failures.succeeded(batch.id, item.idx)
             else:
                 then(dataclasses.replace(queued, body=ready))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._back_to_queue(slot, batch, item, exc, own=True)
-
-    async def _back_to_queue(
-        self, slot: EngineSlot, batch: WorkBatch, item: ClaimedItem, exc: Exception, *, own: bool
-    ) -> None:
-        """Storage or the database failed (or a bug): the request goes back to the queue, not
-        before a backoff, so a lasting cause is not retried in a hot loop."""
-        delay = self._failures.transient(batch.id, item.idx, exc, own=own)
-        if delay is None:
-            if await self._give_up(batch, item):
-                return
-            delay = self._retry_max_s
-        await self._leases.release(batch.id, item.idx, self._clock.now() + delay)
-        slot.wake_in(delay)
+            await self._endings.back_to_queue(slot, batch, item, exc, own=True)
 
     async def _prepared(self, item: ClaimedItem, raw: bytes) -> dict[str, Any] | Outcome:
         """The body to send: the line's, with its remote images inline; or the error row its
@@ -284,31 +225,4 @@ class RequestRunner:
             return body
         return await with_inline_images(
             self._media, item.custom_id, body, self._media_line_bytes, total_s=self._fetch_total_s
-        )
-
-    async def _give_up(self, batch: WorkBatch, item: ClaimedItem) -> bool:
-        """End a request that keeps failing inside Backfill with an error row, so its batch
-        can finish; False when even that cannot be stored (it is released and retried)."""
-        try:
-            await self._put(batch, item, failed(item.custom_id, "internal_error", REPEATED_FAILURE))
-        except Exception:
-            return False
-        return True
-
-    async def _put(self, batch: WorkBatch, item: ClaimedItem, outcome: Outcome) -> None:
-        """Seal the request's row and store it durably (settling its charge)."""
-        await self._results.put(
-            ItemResult(
-                batch_id=batch.id,
-                idx=item.idx,
-                lease_token=self._leases.token,
-                ok=outcome.ok,
-                payload=self._sealer.seal(outcome.row, result_context(batch.id, item.idx)),
-                input_tokens=outcome.input_tokens,
-                output_tokens=outcome.output_tokens,
-                cached_tokens=outcome.cached_tokens,
-                request_id=outcome.request_id,
-                custom_id=item.custom_id,
-                finished_at=self._clock.now(),
-            )
         )

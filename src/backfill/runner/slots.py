@@ -4,17 +4,15 @@ free place, and its last known health."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from backfill.domain.engine_health import EngineState, HealthTracker, Note, log_line
+from backfill.domain.engine_health import EngineState
 from backfill.domain.records import WorkBatch
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure
-from backfill.ports import Clock, Engine, EngineDiagnostics, Switch
+from backfill.ports import Clock, Engine, Switch
 from backfill.runner.inputs import Queued
-
-log = logging.getLogger("backfill.runner")
+from backfill.runner.slot_health import SlotHealth
 
 # How often each engine's health is looked at while all are up (while one is down: more often).
 # A slot that answered a request within it is up without being asked.
@@ -55,8 +53,8 @@ class EngineSlot:
     ) -> None:
         self.engine = engine
         self._clock = clock
-        self._changed = changed
-        self.health = HealthTracker(clock.now(), remind_s=remind_s)
+        self._health = SlotHealth(engine, clock, remind_s, changed)
+        self.health = self._health.tracker
         self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
         # Set for an engine started on demand (``OnDemand``); None: it runs all along.
         self.switch = switch
@@ -65,9 +63,6 @@ class EngineSlot:
         self._start = start
         self._wake = wake
         self._in_flight = 0
-        self._healthy = False
-        # When (monotonic) the engine last answered one of Backfill's requests with a 200.
-        self._answered_at = -WATCH_S
         self._backlog: deque[Queued] = deque()
         self._resume: asyncio.TimerHandle | None = None
 
@@ -97,7 +92,7 @@ class EngineSlot:
 
     @property
     def healthy(self) -> bool:
-        return self._healthy
+        return self._health.healthy
 
     @property
     def parked(self) -> bool:
@@ -110,7 +105,7 @@ class EngineSlot:
 
     @property
     def free(self) -> int:
-        return max(0, self.limit - self._in_flight) if self._healthy else 0
+        return max(0, self.limit - self._in_flight) if self._health.healthy else 0
 
     @property
     def claim_threshold(self) -> int:
@@ -123,7 +118,7 @@ class EngineSlot:
     def wanted(self) -> int:
         """How many more items to claim for this engine now."""
         limit = self.limit
-        if not self._healthy or limit <= 0:
+        if not self._health.healthy or limit <= 0:
             return 0
         return max(0, limit + self.prefetch - self._in_flight - len(self._backlog))
 
@@ -149,7 +144,8 @@ class EngineSlot:
 
     def succeeded(self, latency_s: float, output_tokens: int) -> None:
         """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
-        now = self._answered_at = self._clock.monotonic()
+        now = self._clock.monotonic()
+        self._health.answered(now)
         if self.governor.on_latency(latency_s, output_tokens, now):
             self._retune()
 
@@ -204,7 +200,7 @@ class EngineSlot:
         """The watch's look: an engine that answered a request within the watch's interval is
         up without being asked (a health request a second beside real ones would only cost
         CPU an engine on the same cores needs); any other is asked."""
-        if not self.parked and self._clock.monotonic() - self._answered_at < WATCH_S:
+        if not self.parked and self._health.answered_within(WATCH_S):
             self._observe(EngineState.UP)
         else:
             await self.check()
@@ -218,8 +214,8 @@ class EngineSlot:
         elif healthy:
             self._observe(EngineState.UP)
         else:
-            self._observe(EngineState.DOWN, _health_error(self.engine))
-        return self._healthy
+            self._observe(EngineState.DOWN, self._health.error)
+        return self._health.healthy
 
     def down(self) -> None:
         """Take no more work: the engine is about to stop (on purpose: standby)."""
@@ -227,27 +223,10 @@ class EngineSlot:
 
     @property
     def url(self) -> str | None:
-        engine = self.engine
-        return engine.url if isinstance(engine, EngineDiagnostics) else None
+        return self._health.url
 
     def _observe(self, state: EngineState, reason: str | None = None) -> None:
-        seen = self.health.observe(state, reason, self._clock.now())
-        if seen.note is not None:
-            self._log(seen.note)
-        self._set_health(state == EngineState.UP)
-        if seen.changed:
-            self._changed()
-
-    def _log(self, note: Note) -> None:
-        engine = self.engine
-        line = log_line(
-            note, engine=engine.name, url=self.url, models=engine.models, reason=self.health.reason
-        )
-        log.log(logging.WARNING if line.warning else logging.INFO, "%s", line.text)
-
-    def _set_health(self, healthy: bool) -> None:
-        was, self._healthy = self._healthy, healthy
-        if healthy and not was:
+        if self._health.observe(state, reason):
             self._wake()
             self._fill()
 
@@ -256,7 +235,3 @@ class EngineSlot:
             queued = self._backlog.popleft()
             self._in_flight += 1
             self._start(self, queued)
-
-
-def _health_error(engine: Engine) -> str | None:
-    return engine.health_error if isinstance(engine, EngineDiagnostics) else None
