@@ -20,7 +20,6 @@ from sqlalchemy import select
 
 from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db import tables as t
-from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.container import build
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import (
@@ -31,7 +30,7 @@ from backfill.domain.money import (
     usd_to_pico,
 )
 from backfill.domain.records import Ledger
-from backfill.ports import Clock, Engine
+from backfill.ports import Clock
 from backfill.runner.gpu_meter import GpuMeter
 from backfill.services.tenants import SCOPES
 from backfill.settings import DeploymentSettings, EngineSettings
@@ -48,6 +47,7 @@ from tests.support import (
     recording_simulator,
     sim_settings,
 )
+from tests.support.in_process import engines_of
 
 DEPLOYMENT = "acme-llama"
 DEPLOYMENT_CONFIG = "acme-llama-v1"
@@ -253,19 +253,6 @@ class Fleet:
         return list(rows)
 
 
-def _engines(settings: Any) -> list[Engine]:
-    return [
-        OpenAIHttpEngine(
-            e.name,
-            e.base_url,
-            {m: m for m in e.models},
-            max_concurrency=e.max_concurrency,
-            request_timeout_s=e.request_timeout_s,
-        )
-        for e in settings.engines
-    ]
-
-
 @asynccontextmanager
 async def fleet(
     tmp_path: Path,
@@ -315,7 +302,7 @@ async def fleet(
             **overrides,
         )
         clock = clock or ManualClock(START)
-        backfill = build(settings, clock=clock, engines=_engines(settings))
+        backfill = build(settings, clock=clock, engines=engines_of(settings))
         await backfill.start()
         key = await backfill.services.tenants.bootstrap(credit=usd_to_pico(credit_usd))
         assert key is not None

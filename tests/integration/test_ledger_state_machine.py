@@ -40,12 +40,9 @@ from sqlalchemy.pool import Pool
 
 from backfill.adapters.clock import ManualClock
 from backfill.adapters.db import tables as t
-from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.container import Backfill, build
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.money import Prices, token_charge, usd_to_pico, worst_case
-from backfill.ports import Engine
-from backfill.settings import Settings
 from backfill.simulator.server import Simulator, SimulatorConfig
 from tests.support import (
     SIM_MODEL,
@@ -57,6 +54,7 @@ from tests.support import (
     sim_settings,
     wait_terminal,
 )
+from tests.support.in_process import engines_of
 
 OUTPUT_TOKENS = 4
 WINDOW_S = 60
@@ -66,19 +64,6 @@ WAIT_S = 30.0
 START_TIMEOUT_S = 10.0
 RESTARTS = 10
 OPEN_BATCHES = 12
-
-
-def _engines(settings: Settings) -> list[Engine]:
-    return [
-        OpenAIHttpEngine(
-            e.name,
-            e.base_url,
-            {m: m for m in e.models},
-            max_concurrency=e.max_concurrency,
-            request_timeout_s=e.request_timeout_s,
-        )
-        for e in settings.engines
-    ]
 
 
 def _prompt_tokens(text: str) -> int:
@@ -183,7 +168,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.running.client.headers["Authorization"] = f"Bearer {key}"
 
     async def _boot(self) -> Running:
-        backfill = build(self.settings, clock=self.clock, engines=_engines(self.settings))
+        backfill = build(self.settings, clock=self.clock, engines=engines_of(self.settings))
         try:
             # A start blocked by a lock the previous instance left behind would otherwise wait
             # out SQLite's 30 s busy timeout.

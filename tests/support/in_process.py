@@ -185,6 +185,20 @@ class InProcess:
         return [orjson.loads(line) for line in response.content.splitlines()]
 
 
+def engines_of(settings: Settings) -> list[Engine]:
+    """The engines ``settings`` lists, as the container builds them (no managed processes)."""
+    return [
+        OpenAIHttpEngine(
+            e.name,
+            e.base_url,
+            {m: m for m in e.models},
+            max_concurrency=e.max_concurrency,
+            request_timeout_s=e.request_timeout_s,
+        )
+        for e in settings.engines
+    ]
+
+
 @asynccontextmanager
 async def in_process_backfill(
     tmp_path: Path,
@@ -197,16 +211,7 @@ async def in_process_backfill(
     settings = sim_settings(tmp_path / "data", sim_url, **overrides)
     clock = clock or SystemClock()
     if engines is None:
-        engines = [
-            OpenAIHttpEngine(
-                e.name,
-                e.base_url,
-                {m: m for m in e.models},
-                max_concurrency=e.max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-            )
-            for e in settings.engines
-        ]
+        engines = engines_of(settings)
     app_backfill = build(settings, clock=clock, engines=engines)
     await app_backfill.start()
     key = await app_backfill.services.tenants.bootstrap(credit=usd_to_pico(STARTING_CREDIT_USD))
