@@ -114,6 +114,11 @@ class Dispatcher:
             # without credit; this set drops what was claimed before its credit ran out).
             balances = await self._ledger.balances(sorted(self._paused))
             self._paused = {org for org, balance in balances.items() if balance <= 0}
+        for slot in self._pool.slots:
+            if not slot.healthy and slot.backlog:
+                # Claimed for an engine that went down since: back to the queue, where a
+                # replica that is up (or this one, once back) takes them.
+                self._leases.release_soon(slot.drop(lambda _batch: True))
         claimed = 0
         for slots in self._groups:
             if len(slots) == 1:
@@ -194,7 +199,12 @@ class Dispatcher:
         # A replica may take up to one more prefetch's worth than it wants, so a prefix is
         # not sent elsewhere (and missed in its cache) for want of one slot this round; its
         # backlog stays bounded, and the others claim again as soon as they want more.
-        room = [w + slot.prefetch for w, slot in zip(wanted, slots, strict=True)]
+        # A replica that is down (or may take nothing now) gets none: lines in its backlog
+        # would wait there, their leases renewed, while the others could run them.
+        room = [
+            w + slot.prefetch if slot.healthy and slot.limit > 0 else 0
+            for w, slot in zip(wanted, slots, strict=True)
+        ]
         picks = assign([k for k, _, _ in ordered], [s.engine.name for s in slots], room)
         shares: list[list[tuple[Queued, bytes]]] = [[] for _ in slots]
         for pick, (_, q, line) in zip(picks, ordered, strict=True):

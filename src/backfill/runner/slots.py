@@ -200,7 +200,8 @@ class EngineSlot:
         """The watch's look: an engine that answered a request within the watch's interval is
         up without being asked (a health request a second beside real ones would only cost
         CPU an engine on the same cores needs); any other is asked."""
-        if not self.parked and self._health.answered_within(WATCH_S):
+        # Only while up: answers that came before it went down say nothing of it now.
+        if not self.parked and self.healthy and self._health.answered_within(WATCH_S):
             self._observe(EngineState.UP)
         else:
             await self.check()
