@@ -36,6 +36,19 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
+        self.given_back = Counter(
+            "backfill_engine_given_back",
+            "Batch requests given back to people waiting for their slot on a shared engine "
+            "(aborted; their lines queued again, uncharged, no attempt counted).",
+            ["engine"],
+            registry=r,
+        )
+        self.given_back_seconds = Counter(
+            "backfill_engine_given_back_seconds",
+            "Engine time the given-back requests had run: the batch work thrown away.",
+            ["engine"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "backfill_engine_in_flight", "Requests in flight per engine.", ["engine"], registry=r
         )

@@ -161,6 +161,15 @@ class EngineSettings(BaseModel):
     headroom_sigmas: float = Field(default=1.5, ge=0)
     kv_target: float = Field(default=0.9, gt=0, le=1)
     latency_tolerance: float = Field(default=1.5, gt=1)
+    # How much slower people may be than without batch work (their time per output token
+    # and to first token): batch sequences are capped by the engine's step time, learnt from
+    # its inter-token latency (vLLM's metrics).
+    latency_budget: float = Field(default=1.10, gt=1)
+    # People waiting for a slot get Backfill's latest requests given back (aborted; the lines
+    # go back to the queue uncharged, no attempt counted).
+    give_back: bool = True
+    # No people on the engine for this long: batch work takes every slot.
+    idle_after_s: float = Field(default=5.0, ge=0)
     # vLLM's request priority for Backfill's requests (lower is served first; people's
     # requests carry 0). For an engine started with --scheduling-policy priority: batch
     # requests then queue behind people's and are preempted for them, so a shared engine

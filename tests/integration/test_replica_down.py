@@ -7,6 +7,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
+from backfill.ports import Engine
 from backfill.simulator.server import SimulatorConfig
 from tests.support import assert_exactly_once, in_process_backfill, running_simulator
 from tests.support.lines import SIM_MODEL, chat_line
@@ -28,7 +29,7 @@ async def test_a_replica_that_dies_mid_drain_leaves_its_lines_to_the_other(
         url_a, _ = await stack.enter_async_context(running_simulator(slow))
         dying = AsyncExitStack()
         url_b, sim_b = await dying.enter_async_context(running_simulator(slow))
-        engines = [replica("a", url_a), replica("b", url_b)]
+        engines: list[Engine] = [replica("a", url_a), replica("b", url_b)]
         bf = await stack.enter_async_context(in_process_backfill(tmp_path, url_a, engines=engines))
         rows = [chat_line(f"r{i}", f"question {i} " * (i % 7)) for i in range(60)]
         batch = await bf.submit(rows)

@@ -38,12 +38,14 @@ def test_known_slots_leave_interactive_requests_and_headroom_free() -> None:
     assert limit.limit == math.floor(64 - 20 - 2 - math.sqrt(20))
 
 
-def test_an_engine_that_serves_people_first_needs_no_headroom() -> None:
-    limit = ConcurrencyLimit(64, Mode.SHARED, SharedTargets(slots=64, engine_priority=True))
-    # 20 interactive; 4 of Backfill's 30 were preempted and wait: they count as its own.
+def test_an_engine_that_serves_people_first_still_keeps_headroom() -> None:
+    targets = SharedTargets(slots=64, headroom=2, headroom_sigmas=0, engine_priority=True)
+    limit = ConcurrencyLimit(64, Mode.SHARED, targets)
+    # 20 interactive; 4 of Backfill's 30 wait at the engine: they count as its own.
     limit.on_pressure(Pressure(running=46, waiting=4), own=30)
     assert limit.pressure == 20
-    assert limit.limit == 44
+    # vLLM never preempts a running request for a waiting person: slots stay free for them.
+    assert limit.limit == 64 - 20 - 2
     limit.on_pressure(Pressure(running=64, waiting=30), own=30)
     assert limit.limit == 0
 

@@ -304,6 +304,9 @@ def _limit(spec: EngineSettings) -> ConcurrencyLimit:
         kv_target=spec.kv_target,
         latency_tolerance=spec.latency_tolerance,
         engine_priority=spec.priority is not None,
+        latency_budget=spec.latency_budget,
+        give_back=spec.give_back,
+        idle_after_s=spec.idle_after_s,
     )
     return ConcurrencyLimit(spec.max_concurrency, spec.mode, targets)
 

@@ -13,6 +13,7 @@ from backfill.domain.endpoints import EMBEDDINGS_URL
 from backfill.domain.records import ClaimedItem, WorkBatch
 from backfill.metrics import Metrics
 from backfill.ports import Clock, EngineTimeout, EngineUnreachable
+from backfill.runner.give_back import GivenBack
 from backfill.runner.replies import Outcome, engine_error, failed, succeeded
 from backfill.runner.retry import backoff_s, is_transient
 from backfill.runner.slots import EngineSlot
@@ -40,8 +41,9 @@ class Attempts:
     async def run(
         self, slot: EngineSlot, batch: WorkBatch, item: ClaimedItem, body: dict[str, Any]
     ) -> Outcome | None:
-        """The request's outcome; None when its engine went away (the request goes back to
-        the queue without an attempt counted)."""
+        """The request's outcome; None when its engine went away, or the request was given
+        back to people waiting for its slot (it goes back to the queue without an attempt
+        counted)."""
         engine = slot.engine
         policy = self._policy
         embeddings = requested(body) if batch.endpoint == EMBEDDINGS_URL else None
@@ -52,7 +54,13 @@ class Attempts:
             started = self._clock.monotonic()
             reason = "timeout"
             try:
-                reply = await engine.send(batch.endpoint, batch.model, body)
+                reply = await slot.sends.run(engine.send(batch.endpoint, batch.model, body))
+            except GivenBack:
+                self._metrics.given_back.labels(engine.name).inc()
+                self._metrics.given_back_seconds.labels(engine.name).inc(
+                    self._clock.monotonic() - started
+                )
+                return None
             except EngineTimeout:
                 final = failed(item.custom_id, "request_timeout")
             except EngineUnreachable:

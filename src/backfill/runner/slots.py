@@ -11,6 +11,7 @@ from backfill.domain.engine_health import EngineState
 from backfill.domain.records import WorkBatch
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.ports import Clock, Engine, Switch
+from backfill.runner.give_back import Sends
 from backfill.runner.inputs import Queued
 from backfill.runner.slot_health import SlotHealth
 
@@ -63,6 +64,8 @@ class EngineSlot:
         self._start = start
         self._wake = wake
         self._in_flight = 0
+        # Its requests' engine calls, latest last: people waiting for a slot get those back.
+        self.sends = Sends()
         self._backlog: deque[Queued] = deque()
         self._resume: asyncio.TimerHandle | None = None
 
@@ -164,8 +167,11 @@ class EngineSlot:
             self.governor.on_metrics_lost()
             if self.governor.limit != before:
                 self._retune()
-        elif self.governor.on_pressure(pressure, self._in_flight):
-            self._retune()
+        else:
+            now = self._clock.monotonic()
+            if self.governor.on_pressure(pressure, self._in_flight, now):
+                self._retune()
+            self.sends.give_back(self.governor.to_give_back(pressure, self._in_flight, now))
 
     def _resumed(self) -> None:
         self._resume = None

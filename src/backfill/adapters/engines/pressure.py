@@ -26,6 +26,8 @@ class _Names:
     waiting: bytes
     kv_usage: tuple[bytes, ...]
     slots: bytes | None
+    itl: bytes | None = None
+    """The inter-token latency histogram (its ``_sum`` and ``_count`` are read)."""
 
 
 # vLLM: vllm/v1/metrics/loggers.py (V1; ``gpu_cache_usage_perc`` is the V0 name of the KV
@@ -36,6 +38,7 @@ _NAMES = {
         b"vllm:num_requests_waiting",
         (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
         None,
+        b"vllm:inter_token_latency_seconds",
     ),
     Flavor.SGLANG: _Names(
         b"sglang:num_running_reqs",
@@ -78,7 +81,10 @@ def parse(text: bytes, flavor: Flavor | None = None) -> tuple[Flavor, Pressure] 
             continue
         kv = next((v for n in names.kv_usage if (v := _sum(page, n)) is not None), None)
         slots = _sum(page, names.slots) if names.slots else None
-        return candidate, Pressure(running, waiting, kv, slots or None)
+        itl_sum = itl_count = None
+        if names.itl is not None:
+            itl_sum, itl_count = _sum(page, names.itl + b"_sum"), _sum(page, names.itl + b"_count")
+        return candidate, Pressure(running, waiting, kv, slots or None, itl_sum, itl_count)
     return None
 
 

@@ -5,7 +5,10 @@ engine also serves interactive traffic, and batch work takes only what that traf
 
 - from the engine's own load (vLLM or SGLang metrics) when it publishes it: the engine's
   sequence slots minus the interactive requests running or waiting there minus a headroom
-  kept free for their next arrivals; without a known slot count, AIMD on its queue;
+  kept free for their next arrivals, and no more batch sequences than keep people's step
+  time within their latency budget (``step_time``); people who wait for a slot anyway get
+  Backfill's latest requests given back (``to_give_back``); nobody on the engine for a
+  while: everything; without a known slot count, AIMD on its queue;
 - otherwise from Backfill's own latency: AIMD on how far it rises over its recent floor;
 - always: less on 429/503, nothing new until ``Retry-After`` has passed.
 
@@ -19,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
+from backfill.domain.scheduling.step_time import StepTimeModel
+
 
 class Mode(StrEnum):
     DEDICATED = "dedicated"
@@ -30,6 +35,9 @@ class Signal(StrEnum):
 
     FIXED = "fixed"
     METRICS = "metrics"
+    BUDGET = "budget"
+    """Metrics, and people's latency budget is what binds: the engine's step time would
+    grow past it with more batch sequences."""
     LATENCY = "latency"
 
 
@@ -43,6 +51,10 @@ class Pressure:
     """Fraction of the KV cache in use, 0..1, when reported."""
     slots: float | None = None
     """Sequence slots the engine reports (SGLang's max running requests), when it does."""
+    itl_sum_s: float | None = None
+    itl_count: float | None = None
+    """The engine's inter-token latency histogram so far (vLLM's
+    ``inter_token_latency_seconds`` sum and count), when it publishes one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +73,17 @@ class SharedTargets:
     latency_tolerance: float = 1.5
     """Latency over its floor (per output token) above which the latency signal backs off."""
     engine_priority: bool = False
-    """The engine queues people ahead of Backfill and preempts Backfill's requests for them
-    (vLLM's priority scheduling, with a batch ``priority`` set): no headroom is needed."""
+    """The engine queues people ahead of Backfill's waiting requests (vLLM's priority
+    scheduling, with a batch ``priority`` set). It never preempts a running request for
+    them, so the headroom stays."""
+    latency_budget: float = 1.10
+    """How much slower people may be than without batch work (their time per token and to
+    first token): caps batch sequences by the engine's learnt step time."""
+    give_back: bool = True
+    """People waiting for a slot get Backfill's most recently started requests given back
+    (aborted, their lines back in the queue, uncharged, no attempt counted)."""
+    idle_after_s: float = 5.0
+    """An engine with no people on it for this long is Backfill's: it takes everything."""
 
 
 # The latency signal: samples per round at least, and the floor's memory.
@@ -78,6 +99,9 @@ _OVERLOAD_DECREASE = 0.5
 # queue (llama.cpp) full half of the time.
 _CEILING_MIN_S = 5.0
 _CEILING_MAX_S = 60.0
+# After giving requests back, the engine's gauges lag by a scrape or two: wait this long
+# before giving back more.
+_GIVE_BACK_GAP_S = 0.5
 
 
 class ConcurrencyLimit:
@@ -100,6 +124,13 @@ class ConcurrencyLimit:
         self._ceiling = 0
         self._ceiling_until = 0.0
         self._ceiling_wait_s = _CEILING_MIN_S
+        self.steps = StepTimeModel()
+        self.step_room: float | None = None
+        """Batch sequences the latency budget allows now (None: not known, or not bound)."""
+        self._last: Pressure | None = None
+        self._people_seen_at: float | None = None
+        self._first_look_at: float | None = None
+        self._gave_back_at = -math.inf
 
     @property
     def shared(self) -> bool:
@@ -109,23 +140,33 @@ class ConcurrencyLimit:
         """Requests that may be in flight now."""
         return 0 if now < self.paused_until else self.limit
 
-    def on_pressure(self, pressure: Pressure, own: int) -> bool:
-        """The engine's metrics were read while ``own`` of Backfill's requests were in
-        flight on it; True when the limit changed."""
+    def on_pressure(self, pressure: Pressure, own: int, now: float = 0.0) -> bool:
+        """The engine's metrics were read at ``now`` while ``own`` of Backfill's requests were
+        in flight on it; True when the limit changed."""
         if not self.shared:
             return False
         self.signal = Signal.METRICS
         before = self.limit
         interactive = max(0.0, pressure.running + pressure.waiting - own)
         self.pressure = interactive
+        self._learn_steps(pressure, own)
+        if self._first_look_at is None:
+            self._first_look_at = now
+        if interactive > 0:
+            self._people_seen_at = now
         slots = self.targets.slots or pressure.slots
-        if slots and self.targets.engine_priority:
-            # People go first inside the engine: fill what they leave, queueing included.
-            limit = math.floor(slots - interactive)
+        if slots and self._idle(now):
+            # Nobody but Backfill for a while: all of it (people who come find a full
+            # engine for at most one batch request, and their first wait gives slots back).
+            limit = math.floor(slots)
         elif slots:
-            spare = slots - interactive - self._headroom(interactive)
-            limit = math.floor(spare)
-            if pressure.waiting > 0:
+            limit = math.floor(slots - interactive - self._headroom(interactive))
+            people_running = max(0.0, pressure.running - own)
+            self.step_room = self.steps.room(people_running, self.targets.latency_budget)
+            if self.step_room is not None and self.step_room < limit:
+                limit = math.floor(self.step_room)
+                self.signal = Signal.BUDGET
+            if pressure.waiting > 0 and not self.targets.engine_priority:
                 # A queue at the engine: none of Backfill's may stand in it ahead of people.
                 limit = min(limit, own - math.ceil(pressure.waiting))
         elif pressure.waiting > 0:
@@ -135,11 +176,55 @@ class ConcurrencyLimit:
         if pressure.kv_usage is not None and pressure.kv_usage > self.targets.kv_target:
             limit = min(limit, own)
         self.limit = max(0, min(self.maximum, limit))
+        self._last = pressure
         return self.limit != before
+
+    def to_give_back(self, pressure: Pressure, own: int, now: float) -> int:
+        """How many of Backfill's latest requests to give back now: people wait for a slot
+        that Backfill holds. At most the excess over the limit, and not again until the
+        engine has had a moment to see the last ones go."""
+        slots = self.targets.slots or pressure.slots
+        if (
+            not self.shared
+            or not self.targets.give_back
+            or not slots
+            or pressure.waiting <= 0
+            or pressure.running < slots
+            or now - self._gave_back_at < _GIVE_BACK_GAP_S
+        ):
+            return 0
+        count = min(own - self.limit, math.ceil(pressure.waiting), own)
+        if count > 0:
+            self._gave_back_at = now
+        return max(0, count)
+
+    def _idle(self, now: float) -> bool:
+        """No people on the engine now, nor for ``idle_after_s`` (since the first look, for
+        an engine where none were ever seen)."""
+        since = self._people_seen_at if self._people_seen_at is not None else self._first_look_at
+        return self.pressure == 0 and since is not None and now - since >= self.targets.idle_after_s
+
+    def _learn_steps(self, pressure: Pressure, own: int) -> None:
+        """One sample of step time against running sequences, from the inter-token latency
+        histogram's growth since the last scrape."""
+        last = self._last
+        if (
+            last is None
+            or pressure.itl_sum_s is None
+            or pressure.itl_count is None
+            or last.itl_sum_s is None
+            or last.itl_count is None
+        ):
+            return
+        tokens = pressure.itl_count - last.itl_count
+        if tokens <= 0:
+            return
+        mean_step = (pressure.itl_sum_s - last.itl_sum_s) / tokens
+        self.steps.observe((pressure.running + last.running) / 2, mean_step, tokens)
 
     def on_metrics_lost(self) -> None:
         """The engine's metrics could not be read: follow latency until they come back."""
-        if self.shared and self.signal == Signal.METRICS:
+        if self.shared and self.signal in (Signal.METRICS, Signal.BUDGET):
             self.signal = Signal.LATENCY
             self.limit = max(1, self.limit)
 
