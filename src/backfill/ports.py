@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
-from backfill.domain.engine_health import EngineReport
+from backfill.domain.engine_health import EngineReport, PriorityOutcome
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import Attempt, Endpoint, Notification, SealedSecrets
@@ -252,6 +252,18 @@ class PressureProbe(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class PriorityProbe(Protocol):
+    """Finds out, by experiment on an idle engine, whether it applies the request priority
+    Backfill sends (a vLLM started without ``--scheduling-policy priority`` ignores it)."""
+
+    unknown_reason: str | None
+    """Why the last ``check`` could not tell (the engine was busy, ...)."""
+
+    async def check(self) -> PriorityOutcome | None:
+        """APPLIED or IGNORED; None when this try could not tell."""
+        ...
 
 
 class TenantStore(Protocol):

@@ -50,7 +50,11 @@ def report(worker: str, engine: str, **changes: Any) -> EngineReport:
 
 
 async def test_reports_read_back_as_written_by_engine_then_worker(store: SqlStore) -> None:
-    written = [report("w2", "vllm"), report("w1", "vllm"), report("w1", "llama", models=())]
+    written = [
+        report("w2", "vllm", priority="ignored"),
+        report("w1", "vllm", priority="applied"),
+        report("w1", "llama", models=()),
+    ]
     await store.report_engines(written, NOW)
     assert await store.engine_reports(NOW) == [written[2], written[1], written[0]]
 

@@ -359,13 +359,25 @@ def deployment_set(
     run_admin(admin_settings(config, data), action)
 
 
+# What a probe found of the request priority Backfill sends (None: not probed, not known yet).
+_PRIORITY = {"applied": "applied", "ignored": "IGNORED"}
 _STATES = {EngineState.UP: "healthy", EngineState.DOWN: "DOWN", EngineState.STANDBY: "standby"}
 
 
 def _engines_table(reports: list[EngineReport]) -> Table:
     table = _table(
         "Engines, as each live worker sees them",
-        ("engine", "health", "since", "last error", "in flight", "limit", "worker", "url"),
+        (
+            "engine",
+            "health",
+            "since",
+            "last error",
+            "in flight",
+            "limit",
+            "priority",
+            "worker",
+            "url",
+        ),
     )
     for r in reports:
         table.add_row(
@@ -375,6 +387,7 @@ def _engines_table(reports: list[EngineReport]) -> Table:
             Text(r.last_error or "-"),
             str(r.in_flight),
             f"{r.concurrency_limit} of {r.max_concurrency}",
+            _PRIORITY.get(r.priority or "", "-"),
             r.worker,
             r.url or "-",
         )

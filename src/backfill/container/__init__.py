@@ -26,6 +26,7 @@ from backfill.adapters.db.store import SqlStore
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.pressure import Flavor, MetricsProbe
+from backfill.adapters.engines.priority_probe import VllmPriorityProbe
 from backfill.adapters.fetch import FetchPolicy, SafeFetcher
 from backfill.adapters.http.app import create_app
 from backfill.adapters.notify.smtp import SmtpMailer, SmtpSettings
@@ -38,7 +39,7 @@ from backfill.domain.media import MediaLimits
 from backfill.domain.notifications import RetrySchedule
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.metrics import Metrics
-from backfill.ports import Clock, Engine, PressureProbe, Sealer
+from backfill.ports import Clock, Engine, PressureProbe, PriorityProbe, Sealer
 from backfill.runner.engine_pool import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker
@@ -187,6 +188,7 @@ def _engines(settings: Settings) -> _Engines:
     engines, processes = built.engines, built.processes
     limits: dict[str, ConcurrencyLimit] = {}
     probes: dict[str, PressureProbe] = {}
+    priority_probes: dict[str, PriorityProbe] = {}
     if settings.local_engine:
         process, engine = _local(LOCAL_ENGINE, LOCAL_MODEL, settings.local_engine_concurrency)
         processes.append(process)
@@ -227,8 +229,32 @@ def _engines(settings: Settings) -> _Engines:
         if spec.mode == Mode.SHARED and spec.signal != "latency":
             flavor = None if spec.signal == "auto" else Flavor(spec.signal)
             probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
-    built.sharing = Sharing(limits, probes, settings.worker.pressure_interval_s)
+            priority = _priority_probe(spec, engine)
+            if priority is not None:
+                priority_probes[spec.name] = priority
+    built.sharing = Sharing(
+        limits, probes, settings.worker.pressure_interval_s, priority_probes=priority_probes
+    )
     return built
+
+
+def _priority_probe(spec: EngineSettings, engine: OpenAIHttpEngine) -> PriorityProbe | None:
+    """Whether the engine applies the ``priority`` Backfill sends is found out where that can
+    be measured: a priority to check, the slots to fill (``slots``) and vLLM's load gauges
+    (signal auto or vllm; SGLang's priorities work otherwise)."""
+    if spec.priority is None or spec.slots is None or spec.signal not in ("auto", "vllm"):
+        return None
+    if not spec.models:
+        return None
+    model = spec.models[0]
+    return VllmPriorityProbe(
+        engine.base_url,
+        spec.served_names.get(model, model),
+        spec.slots,
+        spec.priority,
+        metrics_url=spec.metrics_url or engine.metrics_url,
+        headers={"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None,
+    )
 
 
 def _local(

@@ -39,6 +39,16 @@ class EngineState(StrEnum):
     """Stopped on purpose; started when work waits for its models (not a fault)."""
 
 
+class PriorityOutcome(StrEnum):
+    """What a probe found of an engine's handling of the ``priority`` Backfill sends (vLLM's
+    request priority; adapters/engines/priority_probe.py)."""
+
+    APPLIED = "applied"
+    """A queued request of better priority was served before one that arrived earlier."""
+    IGNORED = "ignored"
+    """Queued requests were served in arrival order (vLLM's default fcfs policy)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineReport:
     """One worker's view of one of its engines, as stored for every process to read."""
@@ -63,6 +73,9 @@ class EngineReport:
     pressure: float
     until: float = 0.0
     """The row counts until then; past it, its worker stopped reporting (it died)."""
+    priority: str | None = None
+    """Whether the engine applies the ``priority`` Backfill sends (a ``PriorityOutcome``
+    value), as its probe found; None: not probed (no priority set), or not known yet."""
 
     @property
     def healthy(self) -> bool:

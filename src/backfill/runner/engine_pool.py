@@ -9,8 +9,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from backfill.domain.engine_health import PriorityOutcome
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit
-from backfill.ports import Clock, Engine, PressureProbe, Switch
+from backfill.ports import Clock, Engine, PressureProbe, PriorityProbe, Switch
 from backfill.runner.slots import DOWN_REMINDER_S, WATCH_S, EngineSlot, Start
 
 log = logging.getLogger("backfill.runner")
@@ -19,6 +20,10 @@ log = logging.getLogger("backfill.runner")
 _PROBE_RETRY_S = 5.0
 # How often each engine's health is looked at while one is down (while all are up: WATCH_S).
 _WATCH_DOWN_S = 0.5
+# An engine busy (or otherwise unmeasurable) when its priority is probed is tried again this
+# much later, this many times in all; then it is reported as unknown.
+PRIORITY_RETRY_S = 30.0
+PRIORITY_TRIES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,9 @@ class Sharing:
     limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
     probes: Mapping[str, PressureProbe] = field(default_factory=dict)
     probe_interval_s: float = 0.1
+    priority_probes: Mapping[str, PriorityProbe] = field(default_factory=dict)
+    """Engines with a ``priority`` setting, ``slots`` and vLLM metrics: whether they apply
+    the priority is found out once, while they are idle."""
 
 
 class EnginePool:
@@ -47,6 +55,10 @@ class EnginePool:
         remind_s: float = DOWN_REMINDER_S,
     ) -> None:
         self._woken = asyncio.Event()
+        self._clock = clock
+        # What each probed engine does with the priority Backfill sends, once known (by engine
+        # name): the engine reports carry it.
+        self.priority: dict[str, PriorityOutcome] = {}
         self._recheck = asyncio.Event()
         self._sharing = sharing or Sharing()
         limits, switches = self._sharing.limits, switches or {}
@@ -112,8 +124,17 @@ class EnginePool:
     async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
         """Follow a shared engine's load from its metrics, as often as the settings say
         while they can be read, every few seconds while they cannot; not at all once the
-        engine says it has none."""
+        engine says it has none. First, where the engine has a priority probe, find out
+        whether it applies the priority Backfill sends (tried while it is up, again while
+        it is busy, a few times at most)."""
+        priority = self._sharing.priority_probes.get(slot.engine.name)
+        tries, next_try = 0, 0.0
         while True:
+            if priority is not None and slot.healthy and self._clock.monotonic() >= next_try:
+                tries += 1
+                if await self._check_priority(slot, priority, tries):
+                    priority = None
+                next_try = self._clock.monotonic() + PRIORITY_RETRY_S
             pressure = await probe.read()
             slot.pressure(pressure)
             if probe.absent:
@@ -123,6 +144,40 @@ class EnginePool:
                 return
             ok = pressure is not None
             await asyncio.sleep(self._sharing.probe_interval_s if ok else _PROBE_RETRY_S)
+
+    async def _check_priority(self, slot: EngineSlot, probe: PriorityProbe, tries: int) -> bool:
+        """One try of ``probe``; True when no other is due (the answer is known, or the
+        tries are spent). An engine found to ignore priority is a warning: people who must
+        wait there queue behind batch requests."""
+        name = slot.engine.name
+        try:
+            outcome = await probe.check()
+        except Exception as exc:  # the load must still be followed whatever the probe does
+            outcome, probe.unknown_reason = None, f"the probe failed ({type(exc).__name__})"
+        if outcome is None:
+            if tries < PRIORITY_TRIES:
+                return False
+            log.info(
+                "could not tell whether engine %s applies the request priority Backfill sends "
+                "(%s, %d tries); it is reported as unknown",
+                name,
+                probe.unknown_reason or "no reason given",
+                tries,
+            )
+            return True
+        self.priority[name] = outcome
+        if outcome == PriorityOutcome.IGNORED:
+            log.warning(
+                "engine %s ignores the request priority Backfill sends: it served queued "
+                "requests in arrival order, so batch requests do not yield to people's; start "
+                "vLLM with --scheduling-policy priority, or remove priority from the engine's "
+                "settings",
+                name,
+            )
+        else:
+            log.info("engine %s applies request priority: people's requests go first", name)
+        self._health_moved()
+        return True
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from backfill.domain.engine_health import EngineReport, EngineState
+from backfill.domain.engine_health import EngineReport, EngineState, PriorityOutcome
 from backfill.ports import Clock, EngineHealthStore
 from backfill.runner.engine_pool import EnginePool
 from backfill.runner.slots import EngineSlot
@@ -69,7 +69,11 @@ class EngineReports:
     def current(self) -> list[EngineReport]:
         """Every engine as this worker sees it now (those not checked yet included)."""
         until = self._clock.now() + self._ttl_s
-        return [_report(slot, self.worker, until) for slot in self._pool.slots]
+        priority = self._pool.priority
+        return [
+            _report(slot, self.worker, until, priority.get(slot.engine.name))
+            for slot in self._pool.slots
+        ]
 
     def changed(self) -> None:
         """What a health check found moved: the writer stores it soon. Never blocks."""
@@ -135,7 +139,9 @@ async def _first(waits: list[Coroutine[Any, Any, Any]], timeout_s: float) -> Non
             task.cancel()
 
 
-def _report(slot: EngineSlot, worker: str, until: float) -> EngineReport:
+def _report(
+    slot: EngineSlot, worker: str, until: float, priority: PriorityOutcome | None
+) -> EngineReport:
     health, governor = slot.health, slot.governor
     return EngineReport(
         worker=worker,
@@ -154,4 +160,5 @@ def _report(slot: EngineSlot, worker: str, until: float) -> EngineReport:
         signal=governor.signal.value,
         pressure=round(governor.pressure, 3),
         until=until,
+        priority=priority.value if priority is not None else None,
     )

@@ -38,6 +38,7 @@ def _values(report: EngineReport) -> dict[str, Any]:
         "signal": report.signal,
         "pressure": report.pressure,
         "until": report.until,
+        "priority": report.priority,
     }
 
 
@@ -58,6 +59,7 @@ def _report(row: Any) -> EngineReport:
         signal=row.signal,
         pressure=row.pressure,
         until=row.until,
+        priority=row.priority,
     )
 
 

@@ -439,4 +439,7 @@ engine_health = Table(
     Column("signal", String(16), nullable=False),
     Column("pressure", Float, nullable=False),
     Column("until", Float, nullable=False),
+    # Whether the engine applies the request priority Backfill sends ("applied", "ignored"),
+    # as its probe found; null: not probed or not known yet.
+    Column("priority", String(16)),
 )

@@ -224,6 +224,7 @@ def engine_object(report: EngineReport) -> dict[str, Any]:
         "concurrency_limit": report.concurrency_limit,
         "signal": report.signal,
         "pressure": report.pressure,
+        "priority": report.priority,
     }
 
 
