@@ -13,9 +13,10 @@ One simulated continuous-batching engine with 64 sequence slots (``backfill simu
 - **shared**: the same with the engine ``shared`` (batch work follows the engine's vLLM
   metrics and takes only what the interactive load leaves; docs/scheduling.md);
 - **priority**: ``shared`` with ``priority = 10``: the engine runs vLLM's priority scheduling
-  (``--scheduling-policy priority``), so people's requests (priority 0) queue ahead of
-  Backfill's and preempt them, and Backfill keeps no headroom free. Where every request has
-  the same priority (the other modes), that engine is first come, first served.
+  (``--scheduling-policy priority``), so people's requests (priority 0) go ahead of
+  Backfill's in the engine's waiting queue (they preempt nothing: vLLM V1 preempts only for
+  KV blocks), and Backfill keeps no headroom free. Where every request has the same
+  priority (the other modes), that engine is first come, first served.
 
 Each level runs for ``--window`` seconds after a short settling time. Interactive p50/p99
 time to first token is compared with its value alone; batch throughput with the capacity the
@@ -52,8 +53,8 @@ from bench.interactive_load import run_interactive_load
 SLOTS = 64
 BATCH_REQUESTS = 50_000
 BATCH_TOKENS = 16
-# The engine: a decode step of 20 ms alone, up to 30 ms with every slot busy; prefill of
-# 10 ms plus 0.1 ms per prompt word.
+# The engine: a step of 20 ms alone, up to 30 ms with every slot busy, plus 0.1 ms per prompt
+# word prefilled in it; 10 ms in the API server before a request reaches the engine's queue.
 ITL_MS, ITL_GROWTH, TTFT_MS, PREFILL_MS = 20.0, 0.5, 10.0, 0.1
 INTERACTIVE_TOKENS = 32
 INTERACTIVE_PROMPT_WORDS = 120

@@ -251,7 +251,6 @@ async def test_a_client_that_leaves_frees_its_slot() -> None:
         ({"priority": "1"}, "priority"),
         ({"priority": 1.5}, "priority"),
         ({"priority": True}, "priority"),
-        ({"priority": 10}, "priority"),  # fcfs, the default policy
     ],
 )
 @pytest.mark.parametrize("slots", [0, 2])
@@ -275,15 +274,47 @@ async def test_a_body_that_is_not_an_object_is_refused() -> None:
 
 
 @pytest.mark.parametrize("slots", [0, 2])
-async def test_fcfs_refuses_a_priority_other_than_zero_in_vllms_words(slots: int) -> None:
+async def test_fcfs_accepts_and_ignores_a_priority(slots: int) -> None:
+    # vLLM 0.32 under its default --scheduling-policy fcfs answers 200 and ignores it.
     async with client_for(SimulatorConfig(ttft_ms=1, itl_ms=0, slots=slots)) as (client, _):
-        refused = await client.post(chat("hello", priority=-3))
-        accepted = await client.post(chat("hello", priority=0), path="/completions")
-    assert refused.status_code == 400
-    assert refused.json()["error"]["message"] == (
-        "Got priority -3 but Priority scheduling is not enabled."
-    )
-    assert accepted.status_code == 200
+        for body, path in (
+            (chat("hello", priority=5), "/chat/completions"),
+            ({"model": "m", "prompt": "hello", "priority": -3}, "/completions"),
+            ({"model": "m", "input": "hello", "priority": 5}, "/responses"),
+            ({"model": "m", "input": "hello", "priority": 5}, "/embeddings"),
+        ):
+            response = await client.post(body, path=path)
+            assert response.status_code == 200, (path, response.text)
+
+
+async def test_fcfs_serves_in_arrival_order_whatever_the_priority() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=5, output_tokens=200, slots=1)
+    async with client_for(config) as (client, _):
+        done: list[str] = []
+
+        async def ask(name: str, priority: int, tokens: int = 10) -> None:
+            _, data = await client.timed(chat(name, tokens, priority=priority))
+            assert data["usage"]["completion_tokens"] == tokens
+            done.append(name)
+
+        first = asyncio.create_task(ask("first", 9, 200))  # a second of decoding
+
+        async def busy() -> bool:
+            return (await client.metrics())["vllm:num_requests_running"] == 1
+
+        await wait_for(busy)
+        later = []
+        for name, priority in (("second", 5), ("third", 0), ("fourth", -5)):
+            later.append(asyncio.create_task(ask(name, priority)))
+
+            async def queued(n: int = len(later)) -> bool:
+                return (await client.metrics())["vllm:num_requests_waiting"] == n
+
+            await wait_for(queued)
+        await asyncio.gather(first, *later)
+        metrics = await client.metrics()
+    assert done == ["first", "second", "third", "fourth"]
+    assert metrics["vllm:num_preemptions_total"] == 0
 
 
 @pytest.mark.parametrize("priority", ["1", 2.0, None])
@@ -317,47 +348,59 @@ async def stream_tokens(client: Client, body: dict[str, Any], started: asyncio.E
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_an_urgent_request_preempts_and_the_victim_still_gets_every_token(
-    stream: bool,
-) -> None:
+async def test_kv_pressure_preempts_and_the_victim_still_gets_every_token(stream: bool) -> None:
+    # Four blocks of 16 tokens; two answers of 100 tokens cannot both grow in them. The one
+    # scheduled last is preempted (fcfs), waits, is prefilled again over its prompt and the
+    # tokens it had sent, and ends with all of them. The first one runs on alone past the
+    # cache (a request larger than the cache runs when nothing else holds a block).
     config = SimulatorConfig(
-        ttft_ms=5, itl_ms=5, output_tokens=1000, slots=1, scheduling_policy="priority"
+        ttft_ms=1, itl_ms=2, output_tokens=1000, slots=2, kv_capacity_tokens=64
     )
     async with client_for(config) as (client, simulator):
-        started = asyncio.Event()
-        done: list[str] = []
-        low_body = chat("background job", 100, priority=5, stream=stream)
 
-        async def low() -> int:
+        async def answer(name: str) -> int:
+            body = chat(name, 100, stream=stream)
             if stream:
-                tokens = await stream_tokens(client, low_body, started)
-            else:
-                _, data = await client.timed(low_body)
-                assert data["choices"][0]["message"]["content"] == " ".join(["tok"] * 100)
-                tokens = data["usage"]["completion_tokens"]
-            done.append("low")
+                return await stream_tokens(client, body, asyncio.Event())
+            _, data = await client.timed(body)
+            assert data["choices"][0]["message"]["content"] == " ".join(["tok"] * 100)
+            tokens: int = data["usage"]["completion_tokens"]
             return tokens
 
-        async def decoding() -> bool:
-            return (await client.metrics())["vllm:generation_tokens_total"] >= 3
-
-        background = asyncio.create_task(low())
-        if stream:
-            await asyncio.wait_for(started.wait(), 10)
-        await wait_for(decoding)
-        _, urgent = await client.timed(chat("urgent", 10, priority=0))
-        done.append("urgent")
-        assert await background == 100
+        tokens = await asyncio.gather(answer("one"), answer("two"))
         metrics = await client.metrics()
-    assert urgent["usage"]["completion_tokens"] == 10
-    assert done == ["urgent", "low"]
+    assert list(tokens) == [100, 100]
     assert metrics["vllm:num_preemptions_total"] == 1
-    assert metrics["vllm:generation_tokens_total"] == 110
+    assert metrics["vllm:generation_tokens_total"] == 200
     assert metrics["vllm:time_to_first_token_seconds_count"] == 2
+    # Every output token after the first has its inter-token latency, the resumed one too.
+    assert metrics["vllm:inter_token_latency_seconds_count"] == 2 * 99
+    assert metrics["vllm:request_decode_time_seconds_count"] == 2
     assert metrics["vllm:num_requests_running"] == metrics["vllm:num_requests_waiting"] == 0
     assert metrics["vllm:kv_cache_usage_perc"] == 0
     assert simulator.model is not None
-    assert simulator.model.held_tokens() == 0
+    assert simulator.model.used_blocks() == 0
+
+
+async def test_step_metrics_are_published_under_vllms_names() -> None:
+    config = SimulatorConfig(ttft_ms=1, itl_ms=2, output_tokens=5, slots=4, itl_growth=1.0)
+    async with client_for(config) as (client, _):
+        await asyncio.gather(*(client.timed(chat(f"q{i}", 5)) for i in range(3)))
+        metrics = await client.metrics()
+        text = (await client.http.get(client.root + "/metrics")).text
+    for name in (
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:iteration_tokens_total",
+    ):
+        assert f"# TYPE {name} histogram" in text
+    assert metrics["vllm:inter_token_latency_seconds_count"] == 3 * 4
+    # Steps of 2 * (1 + growth * scheduled / slots) ms: every token after the first waited
+    # one step, at least 2.5 ms.
+    assert metrics["vllm:inter_token_latency_seconds_sum"] >= 12 * 0.0025
+    assert metrics["vllm:request_decode_time_seconds_count"] == 3
+    assert metrics["vllm:iteration_tokens_total_count"] >= 5
+    assert metrics["vllm:iteration_tokens_total_sum"] == 3 * 1 + 3 * 4  # prompts, decodes
 
 
 async def test_requests_timed_alone_show_their_queue_in_metrics() -> None:

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 import backfill.simulator.server as simulator_module
 from backfill.cli.main import app
+from backfill.simulator.model import STEP_PROFILES, BatchingConfig
 from backfill.simulator.server import SimulatorConfig
 
 
@@ -50,6 +51,46 @@ def test_batching_options_reach_the_config(
     assert batching.prefix_cache_blocks == 4096
     assert started[0][0].model_name == "org/model"
     assert batching.priority_scheduling is False
+    assert batching.max_num_batched_tokens == 2048
+
+
+def test_a_step_profile_sets_four_timings_and_given_flags_win(
+    started: list[tuple[SimulatorConfig, str, int]],
+) -> None:
+    args = ["simulate", "--slots", "16", "--step-profile", "steep", "--itl-ms", "20"]
+    result = CliRunner().invoke(app, [*args, "--max-num-batched-tokens", "512"])
+    assert result.exit_code == 0, result.output
+    config = started[0][0]
+    assert config.step_profile == "steep"
+    steep = STEP_PROFILES["steep"]
+    assert (config.ttft_ms, config.itl_ms) == (steep.ttft_ms, 20)
+    assert (config.itl_growth, config.prefill_ms_per_token) == (1.47, steep.prefill_ms_per_token)
+    batching = config.batching()
+    assert batching is not None
+    assert batching.max_num_batched_tokens == 512
+    # One step with all 16 slots busy, as measured on the CPU engine: 15 * (1 + 1.47) ms.
+    assert BatchingConfig(slots=16, itl_ms=steep.itl_ms, itl_growth=1.47).step_s(
+        16, 0
+    ) == pytest.approx(0.03705)
+
+
+def test_step_profiles_in_the_config() -> None:
+    flat = SimulatorConfig(slots=4, step_profile="flat")
+    assert (flat.ttft_ms, flat.itl_ms, flat.itl_growth, flat.prefill_ms_per_token) == (
+        5,
+        10,
+        0.1,
+        0.02,
+    )
+    given = SimulatorConfig(slots=4, step_profile="flat", itl_growth=0.0, ttft_ms=50)
+    assert (given.ttft_ms, given.itl_ms, given.itl_growth) == (50, 10, 0.0)
+    plain = SimulatorConfig(slots=4)
+    assert (plain.ttft_ms, plain.itl_ms, plain.itl_growth, plain.prefill_ms_per_token) == (
+        50,
+        1,
+        0,
+        0,
+    )
 
 
 def test_the_priority_scheduling_policy_reaches_the_model(
@@ -75,6 +116,10 @@ def test_the_priority_scheduling_policy_reaches_the_model(
         (["--slots", "2", "--block-tokens", "0"], "--block-tokens"),
         (["--scheduling-policy", "priority"], "scheduling_policy=priority only act with slots"),
         (["--slots", "2", "--scheduling-policy", "lifo"], "--scheduling-policy"),
+        (["--step-profile", "flat"], "step_profile only act with slots"),
+        (["--slots", "2", "--step-profile", "fast"], "--step-profile"),
+        (["--max-num-batched-tokens", "100"], "max_num_batched_tokens only act with slots"),
+        (["--slots", "64", "--max-num-batched-tokens", "32"], "must be greater than or equal"),
     ],
 )
 def test_bad_mixes_are_refused(

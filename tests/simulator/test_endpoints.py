@@ -332,7 +332,7 @@ async def test_fewer_dimensions_truncate_the_vector_then_normalise_it() -> None:
         ({"user": 3}, "user"),
         ({"model": None}, "model"),
         ({"normalize": True}, "normalize"),
-        ({"priority": 1}, "priority"),
+        ({"priority": 1.5}, "priority"),
     ],
 )
 async def test_bad_embedding_requests_are_refused(change: dict[str, Any], param: str) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from backfill.simulator.metrics import (
+    INTER_TOKEN_LATENCY_BUCKETS,
+    ITERATION_TOKENS_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     EngineSnapshot,
     Histogram,
@@ -85,3 +88,34 @@ def test_a_bucket_bound_is_inclusive() -> None:
     hist.observe(1.0)
     hist.observe(1.5)
     assert hist.counts == [1, 1, 1]
+
+
+def test_step_histograms_have_vllms_names_and_buckets() -> None:
+    itl = Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+    itl.observe_many(0.02, 3)
+    itl.observe(0.3)
+    decode = Histogram(REQUEST_LATENCY_BUCKETS)
+    decode.observe(1.2)
+    tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+    tokens.observe(300)
+    snapshot = EngineSnapshot(inter_token_latency=itl, decode_time=decode, iteration_tokens=tokens)
+    found = families(render(snapshot, LABELS["model_name"]))
+    kind, samples = found["vllm:inter_token_latency_seconds"]
+    assert kind == "histogram"
+    assert samples["vllm:inter_token_latency_seconds_bucket{le=0.01}"] == 0
+    assert samples["vllm:inter_token_latency_seconds_bucket{le=0.025}"] == 3
+    assert samples["vllm:inter_token_latency_seconds_bucket{le=0.3}"] == 4
+    assert samples["vllm:inter_token_latency_seconds_bucket{le=80.0}"] == 4
+    assert samples["vllm:inter_token_latency_seconds_count"] == 4
+    assert samples["vllm:inter_token_latency_seconds_sum"] == 3 * 0.02 + 0.3
+    kind, samples = found["vllm:request_decode_time_seconds"]
+    assert kind == "histogram"
+    assert samples["vllm:request_decode_time_seconds_bucket{le=1.5}"] == 1
+    assert samples["vllm:request_decode_time_seconds_bucket{le=7680.0}"] == 1
+    # A histogram whose vLLM name ends in _total (prometheus_client keeps it so).
+    kind, samples = found["vllm:iteration_tokens_total"]
+    assert kind == "histogram"
+    assert samples["vllm:iteration_tokens_total_bucket{le=256.0}"] == 0
+    assert samples["vllm:iteration_tokens_total_bucket{le=512.0}"] == 1
+    assert samples["vllm:iteration_tokens_total_bucket{le=16384.0}"] == 1
+    assert samples["vllm:iteration_tokens_total_count"] == 1

@@ -76,13 +76,15 @@ def in_flight(sim: Simulator) -> Callable[[], Awaitable[int]]:
 @dataclass(frozen=True)
 class Attempt:
     """One POST as the simulator saw it: its model, its prompt (the messages' contents), the
-    status it answered (0: none, the handler raised or was abandoned) and when."""
+    status it answered (0: none, the handler raised or was abandoned), when, and the request
+    priority it carried."""
 
     model: str
     prompt: str
     status: int
     started: float
     ended: float
+    priority: object = 0
 
 
 def _recorder(attempts: list[Attempt]) -> Any:
@@ -102,7 +104,14 @@ def _recorder(attempts: list[Attempt]) -> Any:
             return response
         finally:
             attempts.append(
-                Attempt(str(body.get("model")), prompt, status, started, time.monotonic())
+                Attempt(
+                    str(body.get("model")),
+                    prompt,
+                    status,
+                    started,
+                    time.monotonic(),
+                    body.get("priority", 0),
+                )
             )
 
     return record

@@ -225,13 +225,21 @@ def simulate(
     port: Annotated[int, typer.Option()] = 9000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     ttft_ms: Annotated[
-        float,
-        typer.Option(min=0, help="Time to first token; with --slots, the fixed part of prefill."),
-    ] = 50.0,
+        float | None,
+        typer.Option(
+            min=0,
+            help="Time to first token; with --slots, the latency before the engine's waiting "
+            "queue (the API server's work). Default 50, or the --step-profile's.",
+        ),
+    ] = None,
     itl_ms: Annotated[
-        float,
-        typer.Option(min=0, help="Time per output token; with --slots, a decode step alone."),
-    ] = 1.0,
+        float | None,
+        typer.Option(
+            min=0,
+            help="Time per output token; with --slots, an engine step's base time. Default 1, "
+            "or the --step-profile's.",
+        ),
+    ] = None,
     output_tokens: Annotated[int, typer.Option(min=0, help="Tokens per answer.")] = 64,
     max_concurrency: Annotated[
         int, typer.Option(min=0, help="0 = unlimited. Without --slots only.")
@@ -244,32 +252,52 @@ def simulate(
         int,
         typer.Option(
             min=0,
-            help="Continuous batching with this many sequence slots (vLLM's max_num_seqs); "
-            "requests beyond them wait in a FIFO queue. 0 = each request timed alone.",
+            help="Continuous batching as vLLM V1 schedules it, with this many sequence slots "
+            "(vLLM's --max-num-seqs). 0 = each request timed alone.",
         ),
     ] = 0,
     prefill_ms_per_token: Annotated[
-        float,
-        typer.Option(min=0, help="Prefill time per uncached prompt token (prompt words)."),
-    ] = 0.0,
-    itl_growth: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=0,
-            help="Decode slow-down with load: a step lasts "
-            "itl_ms * (1 + itl_growth * running / slots).",
+            help="Step time per uncached prompt token prefilled in the step. Default 0, or the "
+            "--step-profile's.",
         ),
-    ] = 0.0,
+    ] = None,
+    itl_growth: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Step slow-down with load: a step lasts itl_ms * (1 + itl_growth * scheduled / "
+            "slots) + prefill_ms_per_token * prefill tokens. Default 0, or the --step-profile's.",
+        ),
+    ] = None,
+    step_profile: Annotated[
+        Literal["flat", "steep"] | None,
+        typer.Option(
+            help="Presets of --ttft-ms, --itl-ms, --itl-growth, --prefill-ms-per-token (given "
+            "flags win): flat (GPU-like decode) or steep (fitted to vLLM on 2 CPU cores). "
+            "Needs --slots.",
+        ),
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="vLLM's --max-num-batched-tokens: tokens of one engine step (chunked "
+            "prefill); at least --slots. Needs --slots.",
+        ),
+    ] = 2048,
     kv_capacity_tokens: Annotated[
         int,
         typer.Option(
             min=1,
-            help="KV cache size in tokens: the denominator of vllm:kv_cache_usage_perc; a "
-            "prompt waits until it fits next to the running sequences.",
+            help="KV cache size in tokens, in blocks of --block-tokens: a waiting request starts "
+            "only when its blocks are free; a running one that cannot grow preempts.",
         ),
     ] = 262_144,
     block_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens per prefix-cache block (vLLM: 16).")
+        int, typer.Option(min=1, help="Tokens per KV-cache block (vLLM: 16).")
     ] = 16,
     prefix_cache_blocks: Annotated[
         int,
@@ -280,9 +308,9 @@ def simulate(
     scheduling_policy: Annotated[
         Literal["fcfs", "priority"],
         typer.Option(
-            help="vLLM's --scheduling-policy. fcfs refuses a request whose priority is not 0; "
-            "priority (needs --slots) serves lower 'priority' values first and preempts running "
-            "requests of a worse priority.",
+            help="vLLM's --scheduling-policy. fcfs accepts and ignores a request's 'priority'; "
+            "priority (needs --slots) orders the waiting queue by it, lower values first, and "
+            "picks the worst one running when KV blocks run out.",
         ),
     ] = "fcfs",
     model_name: Annotated[
@@ -295,10 +323,19 @@ def simulate(
     """A simulated OpenAI-compatible engine (no model) for load and fault tests."""
     from backfill.simulator.server import SimulatorConfig, run_simulator
 
+    timing = {
+        name: value
+        for name, value in (
+            ("ttft_ms", ttft_ms),
+            ("itl_ms", itl_ms),
+            ("itl_growth", itl_growth),
+            ("prefill_ms_per_token", prefill_ms_per_token),
+        )
+        if value is not None
+    }
     try:
         config = SimulatorConfig(
-            ttft_ms=ttft_ms,
-            itl_ms=itl_ms,
+            **timing,
             output_tokens=output_tokens,
             max_concurrency=max_concurrency,
             error_rate=error_rate,
@@ -306,12 +343,12 @@ def simulate(
             drop_rate=drop_rate,
             seed=seed,
             slots=slots,
-            prefill_ms_per_token=prefill_ms_per_token,
-            itl_growth=itl_growth,
             kv_capacity_tokens=kv_capacity_tokens,
             block_tokens=block_tokens,
             prefix_cache_blocks=prefix_cache_blocks,
             scheduling_policy=scheduling_policy,
+            max_num_batched_tokens=max_num_batched_tokens,
+            step_profile=step_profile,
             model_name=model_name,
             embedding_dimensions=embedding_dimensions,
         )

@@ -43,7 +43,7 @@ class EmbeddingAsk:
     priority: int
 
 
-def parse(body: dict[str, Any], max_dimensions: int, priority_scheduling: bool) -> EmbeddingAsk:
+def parse(body: dict[str, Any], max_dimensions: int) -> EmbeddingAsk:
     fields.only_known(body, FIELDS)
     model = fields.model(body)
     fields.optional_string(body, "user")
@@ -61,7 +61,7 @@ def parse(body: dict[str, Any], max_dimensions: int, priority_scheduling: bool) 
         text="\n".join(texts),
         dimensions=dimensions,
         base64=encoding == "base64",
-        priority=fields.priority(body, priority_scheduling),
+        priority=fields.priority(body),
     )
 
 

@@ -1,14 +1,14 @@
 """Runs a ``BatchingModel`` in real time: one timer on the event loop, futures for waiters.
 
 There is one engine step loop however many requests run: a single ``call_at`` timer fires at
-the model's next event (a prefill end or a decode step), advances the model to the current
-time and wakes the requests that progressed. A late timer loses no tokens: ``advance`` runs
-every step that was due, each at its own model time.
+the model's next event (a step's end, a request reaching the waiting queue), advances the
+model to the current time and wakes the requests that progressed. A late timer loses no
+tokens: ``advance`` runs every step that was due, each at its own model time.
 
 Non-streaming requests wake once, when their last token is out; streaming requests also wake
-after each batch of decode steps to write their new tokens. A preempted streaming request
-stays among the streams: it finds no new token while it waits and is prefilled again, and
-is woken when its prefill ends with its next token (its client sees a pause).
+after each batch of steps to write their new tokens. A preempted streaming request leaves
+the streams: it is not woken while it waits and is prefilled again, and joins them again
+when its prefill ends with its next token (its client sees a pause).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         ticket = Ticket(seq, loop.create_future(), asyncio.Event() if stream else None)
         self._tickets[seq] = ticket
-        self._deliver(self.model.submit(seq, loop.time()))
+        self.model.submit(seq, loop.time())
         self._schedule()
         return ticket
 
@@ -78,14 +78,19 @@ class EngineLoop:
         self._schedule()
 
     def _deliver(self, progress: Progress) -> None:
-        # First tokens before finishes: a request that ends at its first token joins the
-        # streams and leaves them again in the same call.
+        # First tokens before preemptions and finishes: a request that ends at its first
+        # token joins the streams and leaves them again in the same call, and so does one
+        # that is preempted again in the step after its prefill.
         for seq in (*progress.first_tokens, *progress.resumed):
             ticket = self._tickets.get(seq)
             if ticket is not None and ticket.progress is not None:
                 # From now on each decode step brings this stream a token.
                 self._streams.add(ticket)
                 ticket.progress.set()
+        for seq in progress.preempted:
+            ticket = self._tickets.get(seq)
+            if ticket is not None and seq.phase is Phase.WAITING:  # not resumed since
+                self._streams.discard(ticket)
         for seq in progress.finished:
             ticket = self._tickets.pop(seq, None)
             if ticket is None:

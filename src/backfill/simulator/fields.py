@@ -49,14 +49,11 @@ def optional_string(body: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def priority(body: dict[str, Any], priority_scheduling: bool) -> int:
+def priority(body: dict[str, Any]) -> int:
+    """vLLM's request ``priority``: any integer (``priority: int = 0`` in its request models).
+    Under fcfs, vLLM's default policy, it is accepted and ignored."""
     value = body.get("priority", 0)
     if not is_int(value):
         raise BadRequest("priority", "priority must be an integer")
-    if value != 0 and not priority_scheduling:
-        # vLLM's words, as its OpenAI server refuses it under --scheduling-policy fcfs.
-        raise BadRequest(
-            "priority", f"Got priority {value} but Priority scheduling is not enabled."
-        )
     assert isinstance(value, int)
     return value

@@ -15,7 +15,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-# Bucket bounds of vLLM's histograms of the same names, so dashboards line up.
+# Bucket bounds of vLLM's histograms of the same names, so dashboards line up
+# (``vllm/v1/metrics/buckets.py``).
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -23,6 +24,13 @@ TTFT_BUCKETS = (
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 )  # fmt: skip
 
 
@@ -39,6 +47,12 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
         self.count += 1
+
+    def observe_many(self, value: float, times: int) -> None:
+        """``times`` observations of the same ``value``."""
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.total += value * times
+        self.count += times
 
 
 @dataclass
@@ -58,6 +72,9 @@ class EngineSnapshot:
     ttft: Histogram | None = None
     e2e_latency: Histogram | None = None
     queue_time: Histogram | None = None
+    inter_token_latency: Histogram | None = None
+    decode_time: Histogram | None = None
+    iteration_tokens: Histogram | None = None
 
 
 def render(snapshot: EngineSnapshot, model_name: str) -> str:
@@ -126,6 +143,21 @@ def render(snapshot: EngineSnapshot, model_name: str) -> str:
         "vllm:request_queue_time_seconds",
         "Histogram of time spent in WAITING phase for request.",
         s.queue_time,
+    )
+    histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        s.inter_token_latency,
+    )
+    histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        s.decode_time,
+    )
+    histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        s.iteration_tokens,
     )
     return "\n".join(out) + "\n"
 

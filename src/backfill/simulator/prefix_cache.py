@@ -47,8 +47,8 @@ class PrefixCache:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._blocks
 
-    def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> int:
-        """Tokens of the longest cached prefix, touching the blocks it reuses.
+    def match(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens of the longest cached prefix, touching nothing.
 
         At most ``prompt_tokens - 1`` tokens count, rounded down to whole blocks: vLLM always
         computes the last prompt token again to get the logits of the first output token.
@@ -59,8 +59,13 @@ class PrefixCache:
             if block_hash not in self._blocks:
                 break
             hit += 1
-        self._touch(hashes[:hit])
         return hit * self.block_tokens
+
+    def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+        """``match``, touching the blocks it reuses."""
+        tokens = self.match(hashes, prompt_tokens)
+        self._touch(hashes[: tokens // self.block_tokens])
+        return tokens
 
     def insert(self, hashes: Sequence[int]) -> None:
         """Remember the blocks of a prompt whose prefill is done, evicting the oldest."""

@@ -34,7 +34,7 @@ class ResponsesAsk:
     """The request's settings that the Response object repeats."""
 
 
-def parse(body: dict[str, Any], priority_scheduling: bool) -> ResponsesAsk:
+def parse(body: dict[str, Any]) -> ResponsesAsk:
     fields.only_known(body, FIELDS)
     model = fields.model(body)
     for name, why in (
@@ -61,7 +61,7 @@ def parse(body: dict[str, Any], priority_scheduling: bool) -> ResponsesAsk:
         model=model,
         prompt=prompt.build(),
         max_output_tokens=limit,
-        priority=fields.priority(body, priority_scheduling),
+        priority=fields.priority(body),
         echo={
             "instructions": instructions,
             "max_output_tokens": limit,

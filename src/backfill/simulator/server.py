@@ -4,10 +4,11 @@ Two timing models (``docs/simulator.md`` has the formulas and every option):
 
 - by default each request is timed alone: ``ttft_ms + itl_ms * output tokens``, optionally
   capped at ``max_concurrency`` requests at a time;
-- with ``slots > 0``, continuous batching as in vLLM (``model``): a FIFO queue for slots,
-  prefill per uncached prompt token, one decode step loop whose steps slow down as more
-  sequences run, an optional prefix cache, and optionally vLLM's priority scheduling (a
-  request's ``priority`` orders the queue and preempts running requests of worse priority).
+- with ``slots > 0``, continuous batching as vLLM V1 schedules it (``model``): a waiting
+  queue, KV-cache blocks and preemption when they run out, chunked prefill in a token budget,
+  one step loop whose steps get longer with every sequence and prefill token in them, an
+  optional prefix cache, and optionally vLLM's priority policy (a request's ``priority``
+  orders the waiting queue; under fcfs it is accepted and ignored).
 
 Prompt tokens are the whitespace-separated words of the prompt text, plus a few per image or
 audio clip (``prompt``, ``media``). Both models stream chat and completions
@@ -24,6 +25,7 @@ tests deterministic: ``[[sim:status=400]]``, ``[[sim:status=503]]``, ``[[sim:dro
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 import sys
@@ -40,17 +42,31 @@ from backfill.simulator import prompt as prompts
 from backfill.simulator.engine import EngineLoop, Ticket
 from backfill.simulator.fields import BadRequest
 from backfill.simulator.metrics import EngineSnapshot, render
-from backfill.simulator.model import BatchingConfig, BatchingModel, Phase, Sequence
+from backfill.simulator.model import (
+    STEP_PROFILES,
+    BatchingConfig,
+    BatchingModel,
+    Phase,
+    Sequence,
+    StepProfileName,
+)
 from backfill.simulator.prefix_cache import block_hashes
 from backfill.simulator.prompt import Prompt
 
 _DIRECTIVE = re.compile(r"\[\[sim:([a-z_]+)(?:=([0-9]+))?\]\]")
 
+_PRESET = math.nan
+"""The default of the four timing fields: the step profile's value, or the built-in one."""
+_DEFAULT_TIMING = {"ttft_ms": 50.0, "itl_ms": 1.0, "itl_growth": 0.0, "prefill_ms_per_token": 0.0}
+
 
 @dataclass
 class SimulatorConfig:
-    ttft_ms: float = 50.0
-    itl_ms: float = 1.0
+    ttft_ms: float = _PRESET
+    """Alone: time to first token. Batched: latency before the waiting queue (50 ms, or the
+    step profile's)."""
+    itl_ms: float = _PRESET
+    """Alone: time per output token. Batched: a step's base time (1 ms, or the profile's)."""
     output_tokens: int = 64
     max_concurrency: int = 0
     error_rate: float = 0.0
@@ -60,19 +76,32 @@ class SimulatorConfig:
     slots: int = 0
     """0: each request timed alone (``max_concurrency`` may cap them); > 0: continuous
     batching with this many sequence slots."""
-    prefill_ms_per_token: float = 0.0
-    itl_growth: float = 0.0
+    prefill_ms_per_token: float = _PRESET
+    """0, or the step profile's."""
+    itl_growth: float = _PRESET
+    """0, or the step profile's."""
     kv_capacity_tokens: int = 262_144
     block_tokens: int = 16
     prefix_cache_blocks: int = 0
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    """vLLM's ``--scheduling-policy``: ``fcfs`` refuses a request whose priority is not 0;
-    ``priority`` (needs slots) serves lower priority values first and preempts."""
+    """vLLM's ``--scheduling-policy``: ``fcfs`` accepts and ignores a request's priority;
+    ``priority`` (needs slots) orders the waiting queue by it, lower values first."""
+    max_num_batched_tokens: int = 2048
+    """vLLM's token budget of one engine step (needs slots when changed)."""
+    step_profile: StepProfileName | None = None
+    """Presets of ttft_ms, itl_ms, itl_growth and prefill_ms_per_token (``STEP_PROFILES``);
+    a field given explicitly wins. Needs slots."""
     model_name: str = "simulated"
     embedding_dimensions: int = 64
     """Size of every ``/v1/embeddings`` vector; a request may ask for fewer."""
 
     def __post_init__(self) -> None:
+        if self.step_profile is not None and self.step_profile not in STEP_PROFILES:
+            raise ValueError(f"step_profile must be one of {', '.join(STEP_PROFILES)}")
+        profile = STEP_PROFILES[self.step_profile] if self.step_profile is not None else None
+        for name, default in _DEFAULT_TIMING.items():
+            if math.isnan(getattr(self, name)):
+                setattr(self, name, getattr(profile, name) if profile is not None else default)
         if self.slots < 0 or self.max_concurrency < 0:
             raise ValueError("slots and max_concurrency must not be negative")
         if self.embedding_dimensions < 1:
@@ -86,6 +115,8 @@ class SimulatorConfig:
             "itl_growth": self.itl_growth,
             "prefix_cache_blocks": self.prefix_cache_blocks,
             "scheduling_policy=priority": self.scheduling_policy == "priority",
+            "max_num_batched_tokens": self.max_num_batched_tokens != 2048,
+            "step_profile": self.step_profile is not None,
         }
         unused = [name for name, value in batched_only.items() if value and not self.slots]
         if unused:
@@ -105,6 +136,7 @@ class SimulatorConfig:
             block_tokens=self.block_tokens,
             prefix_cache_blocks=self.prefix_cache_blocks,
             priority_scheduling=self.scheduling_policy == "priority",
+            max_num_batched_tokens=self.max_num_batched_tokens,
         )
 
 
@@ -155,7 +187,6 @@ def _ask(
     body: dict[str, Any],
     directives: dict[str, str | None],
     output_tokens: int,
-    priority_scheduling: bool = False,
 ) -> _Ask:
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
@@ -181,7 +212,7 @@ def _ask(
                     "stream_options.include_usage", "include_usage must be true or false"
                 )
             include_usage = value
-    priority = fields.priority(body, priority_scheduling)
+    priority = fields.priority(body)
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     tokens = min(int(directives.get("tokens") or output_tokens), limit)
     return _Ask(limit, tokens, bool(stream), include_usage, priority)
@@ -268,12 +299,7 @@ class Simulator:
             body = await self._json(request)
             prompt = prompts.of_body(body)
             directives = _directives(prompt.text)
-            ask = _ask(
-                body,
-                directives,
-                self.config.output_tokens,
-                priority_scheduling=self._priority_scheduling,
-            )
+            ask = _ask(body, directives, self.config.output_tokens)
         except BadRequest as bad:
             return self._refuse(bad)
         self.stats.models[str(body.get("model"))] += 1
@@ -284,7 +310,7 @@ class Simulator:
         number = self.stats.requests
         try:
             body = await self._json(request)
-            asked = responses.parse(body, self._priority_scheduling)
+            asked = responses.parse(body)
         except BadRequest as bad:
             return self._refuse(bad)
         directives = _directives(asked.prompt.text)
@@ -316,7 +342,7 @@ class Simulator:
         size = self.config.embedding_dimensions
         try:
             body = await self._json(request)
-            ask = embeddings.parse(body, size, self._priority_scheduling)
+            ask = embeddings.parse(body, size)
         except BadRequest as bad:
             return self._refuse(bad)
         self.stats.models[ask.model] += 1
@@ -341,10 +367,6 @@ class Simulator:
         return web.Response(
             body=orjson.dumps(embeddings.reply(ask, vectors)), content_type="application/json"
         )
-
-    @property
-    def _priority_scheduling(self) -> bool:
-        return self.config.scheduling_policy == "priority"
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:
