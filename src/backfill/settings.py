@@ -158,7 +158,7 @@ class EngineSettings(BaseModel):
     # The engine's sequence slots (vLLM --max-num-seqs); unset: AIMD on its queue.
     slots: int | None = Field(default=None, ge=1)
     headroom: float = Field(default=2.0, ge=0)
-    headroom_sigmas: float = Field(default=1.5, ge=0)
+    headroom_sigmas: float = Field(default=2.5, ge=0)
     kv_target: float = Field(default=0.9, gt=0, le=1)
     latency_tolerance: float = Field(default=1.5, gt=1)
     # How much slower people may be than without batch work (their time per output token

@@ -57,12 +57,25 @@ def test_waiting_interactive_requests_count_and_a_full_engine_gives_nothing() ->
     assert limit.allowed(now=0.0) == 0
 
 
-def test_recovers_at_once_when_live_traffic_leaves_and_never_passes_its_maximum() -> None:
+def test_recovers_within_seconds_when_live_traffic_leaves_and_never_passes_its_maximum() -> None:
     limit = shared(32, slots=64, headroom=2)
-    limit.on_pressure(Pressure(running=60, waiting=0), own=0)
+    limit.on_pressure(Pressure(running=60, waiting=0), own=0, now=0.0)
     assert limit.limit == 0
-    limit.on_pressure(Pressure(running=0, waiting=0), own=0)
+    # A dip of a moment is not trusted: people's mean count still says they are there.
+    limit.on_pressure(Pressure(running=0, waiting=0), own=0, now=0.1)
+    assert limit.limit < 32
+    limit.on_pressure(Pressure(running=0, waiting=0), own=0, now=2.5)
     assert limit.limit == 32
+
+
+def test_the_headroom_follows_peoples_mean_not_a_momentary_dip() -> None:
+    limit = shared(64, slots=64, headroom=2, headroom_sigmas=2)
+    for i in range(50):
+        limit.on_pressure(Pressure(running=16, waiting=0), own=0, now=0.1 * i)
+    steady = limit.limit
+    assert steady == math.floor(64 - 16 - 2 - 2 * 4)
+    limit.on_pressure(Pressure(running=4, waiting=0), own=0, now=5.1)
+    assert limit.limit <= steady + 2  # not 64 - 4 - 2 - 2 x 2 = 54
 
 
 def test_engine_slots_reported_by_the_engine_are_used_when_settings_do_not_say() -> None:

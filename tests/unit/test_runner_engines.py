@@ -199,7 +199,8 @@ async def test_a_shared_slot_starts_what_its_limit_allows_as_the_engines_load_mo
     engine = SwitchableEngine(max_concurrency=8)
     recorder = Recorder()
     limit = ConcurrencyLimit(8, Mode.SHARED, SharedTargets(slots=16, headroom=0, headroom_sigmas=0))
-    slot = EngineSlot(engine, recorder.start, recorder.wake, limit, clock=SystemClock())
+    clock = ManualClock()
+    slot = EngineSlot(engine, recorder.start, recorder.wake, limit, clock=clock)
     assert await slot.check()
     # Before any look at the engine, a shared slot starts low.
     slot.offer(work("batch_a", 10))
@@ -211,8 +212,10 @@ async def test_a_shared_slot_starts_what_its_limit_allows_as_the_engines_load_mo
     for _ in range(4):
         slot.done()
     assert slot.in_flight == 2
-    # Live traffic left: the limit is back at the maximum and the backlog starts at once.
+    # Live traffic left (and people's mean count, over two seconds, with it): the limit is
+    # back at the maximum and the backlog starts at once.
     wakes = recorder.wakes
+    clock.advance(3.0)
     slot.pressure(Pressure(running=2, waiting=0))
     assert slot.limit == 8
     assert slot.in_flight == 6 == len(recorder.started) - 4

@@ -65,7 +65,7 @@ class SharedTargets:
     """The engine's sequence slots (vLLM ``--max-num-seqs``); unknown: AIMD on its queue."""
     headroom: float = 2.0
     """Slots always kept free for interactive arrivals, on top of ``headroom_sigmas``."""
-    headroom_sigmas: float = 1.5
+    headroom_sigmas: float = 2.5
     """More free slots, in standard deviations of the interactive count (its square root,
     as for Poisson arrivals): busier engines swing more between two looks."""
     kv_target: float = 0.9
@@ -99,6 +99,8 @@ _OVERLOAD_DECREASE = 0.5
 # queue (llama.cpp) full half of the time.
 _CEILING_MIN_S = 5.0
 _CEILING_MAX_S = 60.0
+# People's count is smoothed over about this long: a few of their requests' durations.
+_PEOPLE_MEAN_S = 2.0
 # After giving requests back, the engine's gauges lag by a scrape or two: wait this long
 # before giving back more.
 _GIVE_BACK_GAP_S = 0.5
@@ -128,6 +130,11 @@ class ConcurrencyLimit:
         self.step_room: float | None = None
         """Batch sequences the latency budget allows now (None: not known, or not bound)."""
         self._last: Pressure | None = None
+        # People's mean count over the last few seconds: the headroom is for their swings
+        # around it, and a momentary dip must not let batch work fill slots that people will
+        # want back before those requests end.
+        self._people_mean = 0.0
+        self._people_at: float | None = None
         self._people_seen_at: float | None = None
         self._first_look_at: float | None = None
         self._gave_back_at = -math.inf
@@ -160,7 +167,8 @@ class ConcurrencyLimit:
             # engine for at most one batch request, and their first wait gives slots back).
             limit = math.floor(slots)
         elif slots:
-            limit = math.floor(slots - interactive - self._headroom(interactive))
+            mean = self._mean_people(interactive, now)
+            limit = math.floor(slots - max(interactive, mean) - self._headroom(mean))
             people_running = max(0.0, pressure.running - own)
             self.step_room = self.steps.room(people_running, self.targets.latency_budget)
             if self.step_room is not None and self.step_room < limit:
@@ -197,6 +205,16 @@ class ConcurrencyLimit:
         if count > 0:
             self._gave_back_at = now
         return max(0, count)
+
+    def _mean_people(self, interactive: float, now: float) -> float:
+        """People's count smoothed over ``_PEOPLE_MEAN_S`` (an exponential moving mean)."""
+        if self._people_at is None:
+            self._people_mean = interactive
+        else:
+            weight = min(1.0, max(0.0, now - self._people_at) / _PEOPLE_MEAN_S)
+            self._people_mean += weight * (interactive - self._people_mean)
+        self._people_at = now
+        return self._people_mean
 
     def _idle(self, now: float) -> bool:
         """No people on the engine now, nor for ``idle_after_s`` (since the first look, for
