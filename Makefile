@@ -108,7 +108,8 @@ bench: $(SPEEDUPS)
 	PYTHONPATH=. $(PY) -m bench.explain
 	PYTHONPATH=. $(PY) -m bench.polls
 	PYTHONPATH=. $(PY) -m bench.drain_curve
-	PYTHONPATH=. $(PY) -m bench.shared_engine
+	PYTHONPATH=. $(PY) -m bench.frontier --engine sim-flat
+	PYTHONPATH=. $(PY) -m bench.frontier --engine sim-steep
 	PYTHONPATH=. $(PY) -m bench.locality
 	PYTHONPATH=. $(PY) -m bench.slow_images
 

@@ -68,11 +68,11 @@ class StepProfile:
 STEP_PROFILES: dict[StepProfileName, StepProfile] = {
     # Memory-bound decode, as on a GPU with a small batch: a step barely grows with the batch.
     "flat": StepProfile(ttft_ms=5, itl_ms=10, itl_growth=0.1, prefill_ms_per_token=0.02),
-    # Fitted to the real vLLM CPU engine (SmolLM2-135M, 2 cores, 16 slots): a step of ~15 ms
-    # alone and ~37 ms with 16 sequences, 15 * (1 + 1.47 * 16 / 16) = 37. The growth is
-    # relative to running / slots: with another --slots the same numbers scale differently.
-    # prefill_ms_per_token is a placeholder until it is measured.
-    "steep": StepProfile(ttft_ms=5, itl_ms=15, itl_growth=1.47, prefill_ms_per_token=0.1),
+    # Fitted to the real vLLM CPU engine (SmolLM2-135M, bf16, 2 cores, 16 slots), measured as
+    # tests/vllm/test_simulator_agrees.py calibrates: a step of 27 ms with one sequence, each
+    # more adding 1.5 ms (27 * (1 + 0.89 * n / 16)), and 1.0 ms per prefilled prompt token.
+    # The growth is relative to running / slots: with another --slots it scales differently.
+    "steep": StepProfile(ttft_ms=5, itl_ms=27, itl_growth=0.89, prefill_ms_per_token=1.0),
 }
 
 

@@ -1,7 +1,7 @@
 """An engine's step time against its running sequences, learnt online (docs/scheduling.md).
 
 On a real engine every running sequence makes every decode step longer: a step of vLLM's CPU
-build with SmolLM2-135M took about 15 ms alone and 37 ms with 16 sequences. So each batch
+build with SmolLM2-135M took 27 ms with one sequence and about 51 ms with 16. So each batch
 sequence slows every person's tokens, and a latency budget for people (their time per token
 and time to first token, at most ``budget`` times what it is without batch work) caps how
 many batch sequences may run beside them.
