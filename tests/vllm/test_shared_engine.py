@@ -17,7 +17,14 @@ import pytest
 from bench import vllm
 from bench.common import start_backfill, wait_batch
 from bench.vllm import VllmProcess
-from tests.support import ServerProcess, assert_exactly_once, batch_of, rows_of, submit
+from tests.support import (
+    ADMIN_TOKEN,
+    ServerProcess,
+    assert_exactly_once,
+    batch_of,
+    rows_of,
+    submit,
+)
 from tests.vllm.conftest import MODEL, backfill_config, engine_table
 
 pytestmark = pytest.mark.vllm
@@ -79,7 +86,7 @@ def shared_server(tmp_path: Path, vllm_engine: VllmProcess) -> Iterator[ServerPr
         extra='mode = "shared"\nslots = 8\npriority = 10\nidle_after_s = 0.5\n'
         f'metrics_url = "{vllm_engine.root}/metrics"',
     )
-    server = serve(tmp_path, engine)
+    server = serve(tmp_path, engine, extra=f'admin_token = "{ADMIN_TOKEN}"')
     try:
         yield server
     finally:
@@ -91,6 +98,16 @@ def test_people_waiting_for_a_slot_get_batch_slots_back(
 ) -> None:
     rows = chat_rows(24, max_tokens=160)
     with shared_server.client() as client:
+        # First the worker finds out, on the idle engine, that it applies priority (its probe
+        # holds every slot for a moment): the slots filled below are then the batch's.
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        deadline = time.monotonic() + 120
+        while True:
+            engines = client.get("/admin/v1/engines", headers=admin).json()["data"]
+            if engines and engines[0]["priority"] == "applied":
+                break
+            assert time.monotonic() < deadline, engines
+            time.sleep(0.2)
         batch_id = submit(client, rows)
 
         def engine_full() -> bool:

@@ -156,7 +156,7 @@ class ConcurrencyLimit:
         before = self.limit
         interactive = max(0.0, pressure.running + pressure.waiting - own)
         self.pressure = interactive
-        self._learn_steps(pressure, own)
+        self._learn_steps(pressure)
         if self._first_look_at is None:
             self._first_look_at = now
         if interactive > 0:
@@ -222,7 +222,7 @@ class ConcurrencyLimit:
         since = self._people_seen_at if self._people_seen_at is not None else self._first_look_at
         return self.pressure == 0 and since is not None and now - since >= self.targets.idle_after_s
 
-    def _learn_steps(self, pressure: Pressure, own: int) -> None:
+    def _learn_steps(self, pressure: Pressure) -> None:
         """One sample of step time against running sequences, from the inter-token latency
         histogram's growth since the last scrape."""
         last = self._last
