@@ -3,8 +3,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 # What `make test` announces before the suite starts (pytest shows its own progress).
-SUITE_TESTS := 2,000
-SUITE_MINUTES := 12–25
+SUITE_TESTS := 2,250
+SUITE_MINUTES := 20–35
 
 .PHONY: up test unit check lint fmt bench bench-drain-curve vllm-env clean
 
