@@ -114,11 +114,8 @@ class Dispatcher:
             # without credit; this set drops what was claimed before its credit ran out).
             balances = await self._ledger.balances(sorted(self._paused))
             self._paused = {org for org, balance in balances.items() if balance <= 0}
-        for slot in self._pool.slots:
-            if not slot.healthy and slot.backlog:
-                # Claimed for an engine that went down since: back to the queue, where a
-                # replica that is up (or this one, once back) takes them.
-                self._leases.release_soon(slot.drop(lambda _batch: True))
+        # Claimed for an engine gone down since: back to the queue, for a replica that is up.
+        self._drop(lambda _batch: True, [s for s in self._pool.slots if not s.healthy])
         claimed = 0
         for slots in self._groups:
             if len(slots) == 1:
@@ -199,12 +196,9 @@ class Dispatcher:
         # A replica may take up to one more prefetch's worth than it wants, so a prefix is
         # not sent elsewhere (and missed in its cache) for want of one slot this round; its
         # backlog stays bounded, and the others claim again as soon as they want more.
-        # A replica that is down (or may take nothing now) gets none: lines in its backlog
-        # would wait there, their leases renewed, while the others could run them.
-        room = [
-            w + slot.prefetch if slot.healthy and slot.limit > 0 else 0
-            for w, slot in zip(wanted, slots, strict=True)
-        ]
+        # None for a replica down or taking nothing now: lines would only wait in its backlog.
+        ok = [s.healthy and s.limit > 0 for s in slots]
+        room = [w + s.prefetch if k else 0 for w, s, k in zip(wanted, slots, ok, strict=True)]
         picks = assign([k for k, _, _ in ordered], [s.engine.name for s in slots], room)
         shares: list[list[tuple[Queued, bytes]]] = [[] for _ in slots]
         for pick, (_, q, line) in zip(picks, ordered, strict=True):
@@ -233,9 +227,11 @@ class Dispatcher:
     def _is_paused(self, batch: WorkBatch) -> bool:
         return batch.billing == Billing.GPU_TIME and batch.org_id in self._paused
 
-    def _drop(self, where: Callable[[WorkBatch], bool]) -> None:
+    def _drop(
+        self, where: Callable[[WorkBatch], bool], slots: Sequence[EngineSlot] | None = None
+    ) -> None:
         """Give back claimed, unstarted items of batches that must not start more work."""
-        for slot in self._pool.slots:
+        for slot in self._pool.slots if slots is None else slots:
             self._leases.release_soon(slot.drop(where))
 
 
