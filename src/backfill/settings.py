@@ -171,9 +171,10 @@ class EngineSettings(BaseModel):
     # No people on the engine for this long: batch work takes every slot.
     idle_after_s: float = Field(default=5.0, ge=0)
     # vLLM's request priority for Backfill's requests (lower is served first; people's
-    # requests carry 0). For an engine started with --scheduling-policy priority: batch
-    # requests then queue behind people's and are preempted for them, so a shared engine
-    # keeps no headroom free.
+    # requests carry 0). For an engine started with --scheduling-policy priority: people who
+    # must wait are admitted before batch requests. vLLM never preempts a running request
+    # for them, so a shared engine keeps its headroom; whether the engine applies it is
+    # probed (docs/configuration.md).
     priority: int | None = None
 
 
