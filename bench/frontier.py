@@ -222,6 +222,10 @@ def run_level(engine: Engine, work: Path, level: float, cap_rps: float, count: i
         return runs
     rate = level * cap_rps
     seed = int(level * 100)
+    # A warm-up at the level's rate first: a real engine's first batches of a new size are
+    # slow (a first run on vLLM's CPU build gave people alone a TTFT p99 of 2.5 s), and the
+    # baseline of every ratio must not carry that.
+    people(engine, rate, max(20, count // 5), seed + 1)
     runs = [Run("alone", level, people(engine, rate, count, seed), 0.0)]
     for cap in caps():
         result, rps, given, done = with_backfill(
