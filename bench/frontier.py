@@ -12,8 +12,17 @@ one run and against the same people schedule:
 
 - **alone**: people and nothing else, the baseline of every ratio;
 - **cap N** (1, 2, 4, ... up to the slots): Backfill draining a backlog, ``dedicated`` with
-  ``max_concurrency = N`` and ``priority = 10``: the static frontier;
+  ``max_concurrency = N`` and ``priority = 10``: the static frontier (larger caps are skipped
+  once one has slowed people down ``CAP_STOP`` times);
 - **shared**: Backfill's shared mode with its default settings (latency budget 1.10).
+
+People are on the engine first; the batch arrives ``LEAD_S`` later, as it would on an engine
+in service, and people are measured from ``SETTLE_S`` after that: the frontier is a steady
+state. How fast shared mode gets out of people's way when they come in a rush is the
+**step** level: people at 30% of capacity jump to 90% for 10 s on an engine full of batch
+work; its figure is the time from the jump until people's latency (TTFT and end to end, the
+mean over a window) is back within the budget of the same burst alone, against one batch
+request's duration on a full engine (the target: at most that).
 
 For each: people's TTFT p99, e2e p50 and e2e p99 against alone, and the batch's requests per
 second while people ran. The **oracle** is the best cap whose three ratios are all within the
@@ -32,6 +41,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +65,18 @@ SLOTS = 16
 TOKENS = 32
 PROMPT_WORDS = 30
 BUDGET = 1.10
+LEAD_S = 3.0
+"""People alone on the engine before the batch arrives."""
 SETTLE_S = 4.0
+"""The batch beside people this long before they are measured."""
 BATCH_LINES = 20_000
+CAP_STOP = 2.0
+IDLE_S = 20.0
+"""Level 0: how long the batch's rate is measured with nobody else on the engine."""
+STEP_RATES = (0.3, 0.9)
+STEP_S = 10.0
+"""The step level: people at the first share of capacity, then the second for this long, then
+the first again as long."""
 
 
 @dataclass
@@ -132,18 +152,24 @@ class Run:
         )
 
 
-def people(engine: Engine, rate: float, count: int, seed: int) -> LoadResult | None:
-    return asyncio.run(
-        run_interactive_load(
-            engine.url,
-            rate=rate,
-            duration_s=count / rate,
-            model=engine.model,
-            max_tokens=TOKENS,
-            prompt_words=PROMPT_WORDS,
-            seed=seed,
+@dataclass(frozen=True)
+class People:
+    """One schedule of people: ``(seconds, rate)`` phases, the same in every run of a level."""
+
+    phases: list[tuple[float, float]]
+    seed: int
+
+    def run(self, engine: Engine) -> LoadResult:
+        return asyncio.run(
+            run_interactive_load(
+                engine.url,
+                phases=self.phases,
+                model=engine.model,
+                max_tokens=TOKENS,
+                prompt_words=PROMPT_WORDS,
+                seed=self.seed,
+            )
         )
-    )
 
 
 # More settings of the shared engine (``--shared``), to try a change against the defaults.
@@ -159,10 +185,11 @@ def engine_table(name: str, engine: Engine) -> str:
 
 
 def with_backfill(
-    engine: Engine, work: Path, name: str, cap: int, body: Callable[[], LoadResult | None]
+    engine: Engine, work: Path, name: str, cap: int, people: People | None
 ) -> tuple[LoadResult | None, float, float, int]:
-    """Backfill up beside ``engine`` (``name``: shared, or a cap), a backlog draining; run
-    ``body()`` once it drains; people's result, the batch's rate, requests given back and
+    """Backfill up beside ``engine`` (``name``: shared, or a cap) with a backlog to drain:
+    ``people`` run from before it arrives (None: nobody, for ``IDLE_S``). People's result
+    from ``LEAD_S + SETTLE_S`` on, the batch's rate meanwhile, requests given back and
     completed meanwhile."""
     source = work / "batch.jsonl"
     if not source.exists():
@@ -173,16 +200,25 @@ def with_backfill(
     process, base, key = start_backfill(config, work / f"data-{name}", work / f"{name}.log")
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600)
     try:
-        batch_id = create_batch(client, upload(client, source))["id"]
+        file_id = upload(client, source)
+        with ThreadPoolExecutor(1) as pool:
+            began = time.perf_counter()
+            running = pool.submit(people.run, engine) if people else None
+            _sleep_until(began + (LEAD_S if people else 0.0))
+            batch_id = create_batch(client, file_id)["id"]
 
-        def completed() -> int:
-            return int(client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"])
+            def completed() -> int:
+                counts = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]
+                return int(counts["completed"])
 
-        time.sleep(SETTLE_S)
-        before, given_before = completed(), _given_back(client)
-        start = time.perf_counter()
-        result = body()
-        elapsed = time.perf_counter() - start
+            measured_from = LEAD_S + SETTLE_S if people else SETTLE_S
+            _sleep_until(began + measured_from)
+            before, given_before = completed(), _given_back(client)
+            start = time.perf_counter()
+            result = running.result().between(measured_from) if running else None
+            if running is None:
+                time.sleep(IDLE_S)
+            elapsed = time.perf_counter() - start
         done = completed() - before
         given = _given_back(client) - given_before
         client.post(f"/v1/batches/{batch_id}/cancel", json={})
@@ -190,6 +226,10 @@ def with_backfill(
     finally:
         client.close()
         stop(process)
+
+
+def _sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.perf_counter()))
 
 
 def _given_back(client: httpx.Client) -> float:
@@ -206,37 +246,98 @@ def caps() -> list[int]:
     return [*out, SLOTS]
 
 
+def warm_up(engine: Engine, rate: float, count: int, seed: int) -> None:
+    """People at the level's rate, not measured: a real engine's first batches of a new size
+    are slow (a first run on vLLM's CPU build gave people alone a TTFT p99 of 2.5 s), and the
+    baseline of every ratio must not carry that."""
+    People([(max(20, count // 5) / rate, rate)], seed).run(engine)
+
+
 def run_level(engine: Engine, work: Path, level: float, cap_rps: float, count: int) -> list[Run]:
     if level == 0:
-        idle_s = 20.0
         runs = []
         for name, cap in (("dedicated", SLOTS), ("shared", SLOTS)):
-            _, rps, given, done = with_backfill(
-                engine,
-                work,
-                name if name == "shared" else f"cap{cap}",
-                cap,
-                lambda: time.sleep(idle_s),
-            )
+            label = name if name == "shared" else f"cap{cap}"
+            _, rps, given, done = with_backfill(engine, work, label, cap, None)
             runs.append(Run(name, 0.0, None, rps, given, done))
         return runs
     rate = level * cap_rps
     seed = int(level * 100)
-    # A warm-up at the level's rate first: a real engine's first batches of a new size are
-    # slow (a first run on vLLM's CPU build gave people alone a TTFT p99 of 2.5 s), and the
-    # baseline of every ratio must not carry that.
-    people(engine, rate, max(20, count // 5), seed + 1)
-    runs = [Run("alone", level, people(engine, rate, count, seed), 0.0)]
+    people = People([(LEAD_S + SETTLE_S + count / rate, rate)], seed)
+    warm_up(engine, rate, count, seed + 1)
+    alone = Run("alone", level, people.run(engine).between(LEAD_S + SETTLE_S), 0.0)
+    runs = [alone]
     for cap in caps():
-        result, rps, given, done = with_backfill(
-            engine, work, f"cap{cap}", cap, lambda: people(engine, rate, count, seed)
-        )
+        result, rps, given, done = with_backfill(engine, work, f"cap{cap}", cap, people)
         runs.append(Run(f"cap {cap}", level, result, rps, given, done))
-    result, rps, given, done = with_backfill(
-        engine, work, "shared", SLOTS, lambda: people(engine, rate, count, seed)
-    )
+        if max(runs[-1].ratios(alone)) >= CAP_STOP:
+            break
+    result, rps, given, done = with_backfill(engine, work, "shared", SLOTS, people)
     runs.append(Run("shared", level, result, rps, given, done))
     return runs
+
+
+@dataclass
+class Step:
+    alone: LoadResult
+    shared: LoadResult
+    recovery_s: float
+    """From the jump until people's latency is back within the budget of the same burst
+    alone (and stays there)."""
+    batch_request_s: float
+    """One batch request's duration on a full engine: the target."""
+    window_s: float
+    given_back: float
+
+
+def run_step(engine: Engine, work: Path, cap_rps: float) -> Step:
+    calm, burst = (x * cap_rps for x in STEP_RATES)
+    before_s = LEAD_S + SETTLE_S + STEP_S
+    people = People([(before_s, calm), (STEP_S, burst), (STEP_S, calm)], seed=7)
+    warm_up(engine, calm, 100, 8)
+    alone = people.run(engine).between(before_s - STEP_S)
+    shared, _, given, _ = with_backfill(engine, work, "shared", SLOTS, people)
+    assert shared is not None
+    # A window holds about ten people of the burst, and at least half a second of it.
+    window = max(0.5, 10 / burst)
+    recovery = 0.0
+    t = before_s
+    while t < before_s + STEP_S + 2 * window:
+        mine, base = shared.between(t, t + window), alone.between(t, t + window)
+        if _mean_ratio(mine, base, ttft=True) > BUDGET or _mean_ratio(mine, base) > BUDGET:
+            recovery = t + window - before_s
+        t += window
+    return Step(alone, shared, recovery, SLOTS / cap_rps, window, given)
+
+
+def _mean_ratio(mine: LoadResult, base: LoadResult, *, ttft: bool = False) -> float:
+    def mean(result: LoadResult) -> float:
+        values = [(x.ttft_s or 0.0) if ttft else x.latency_s for x in result.samples]
+        return sum(values) / len(values) if values else 0.0
+
+    base_mean = mean(base)
+    return mean(mine) / base_mean if base_mean > 0 else 1.0
+
+
+def report_step(step: Step) -> None:
+    calm, burst = STEP_RATES
+    base_s = LEAD_S + SETTLE_S + STEP_S
+    mine, base = (
+        step.shared.between(base_s, base_s + STEP_S),
+        step.alone.between(base_s, base_s + STEP_S),
+    )
+    print(
+        f"\nstep {calm:.0%} -> {burst:.0%} for {STEP_S:.0f} s on an engine full of batch work: "
+        f"back within the budget after {step.recovery_s:.2f} s (windows of {step.window_s:.2f} s)"
+        f"; one batch request on a full engine {step.batch_request_s:.2f} s"
+        f"{'  within' if step.recovery_s <= step.batch_request_s else ''}"
+    )
+    print(
+        f"  the burst beside shared: TTFT p99 {(mine.ttft.p99 or 0) / (base.ttft.p99 or 1):.2f}x, "
+        f"e2e p50 {(mine.latency.p50 or 0) / (base.latency.p50 or 1):.2f}x, "
+        f"e2e p99 {(mine.latency.p99 or 0) / (base.latency.p99 or 1):.2f}x; "
+        f"{step.given_back:.0f} given back"
+    )
 
 
 def report(runs: list[Run]) -> None:
@@ -319,7 +420,7 @@ def plot(levels: list[list[Run]], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", default="sim-flat", choices=["sim-flat", "sim-steep", "vllm"])
-    parser.add_argument("--levels", default="0,0.3,0.6,0.9")
+    parser.add_argument("--levels", default="0,0.3,0.6,0.9,step")
     parser.add_argument("--people", type=int, default=600, help="people per run")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--shared", action="append", default=[], help="a shared engine setting")
@@ -331,12 +432,17 @@ def main() -> None:
         try:
             cap_rps = capacity(engine)
             print(f"{args.engine}: capacity {cap_rps:.2f} people/s at {SLOTS} slots")
+            tokens = args.levels.split(",")
             levels = [
                 run_level(engine, work, float(x), cap_rps, args.people)
-                for x in args.levels.split(",")
+                for x in tokens
+                if x != "step"
             ]
+            step = run_step(engine, work, cap_rps) if "step" in tokens else None
             for runs in levels:
                 report(runs)
+            if step:
+                report_step(step)
             plot(levels, args.plot or Path("docs") / f"frontier-{args.engine}.png", args.engine)
         finally:
             engine.stop()

@@ -43,6 +43,16 @@ class Percentiles:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One request that got its answer, against its scheduled arrival."""
+
+    offset_s: float
+    """Seconds after the load's start at which it was scheduled to arrive."""
+    ttft_s: float | None
+    latency_s: float
+
+
+@dataclass(frozen=True)
 class LoadResult:
     sent: int
     ok: int
@@ -55,6 +65,21 @@ class LoadResult:
     cached_tokens: int = 0
     error_samples: tuple[str, ...] = field(default=())
     """The first few errors, for the report."""
+    samples: tuple[Sample, ...] = field(default=())
+
+    def between(self, start_s: float, end_s: float = math.inf) -> LoadResult:
+        """The same figures over the requests scheduled in ``[start_s, end_s)`` only: a
+        steady state after a warm-up, or one window of a step."""
+        kept = [s for s in self.samples if start_s <= s.offset_s < end_s]
+        return LoadResult(
+            sent=len(kept),
+            ok=len(kept),
+            errors=0,
+            ttft=Percentiles.of([s.ttft_s for s in kept if s.ttft_s is not None]),
+            latency=Percentiles.of([s.latency_s for s in kept]),
+            elapsed_s=self.elapsed_s,
+            samples=tuple(kept),
+        )
 
     def summary(self) -> str:
         def ms(value: float | None) -> str:
@@ -75,12 +100,21 @@ class LoadResult:
 
 def arrival_offsets(rate: float, duration_s: float, seed: int) -> list[float]:
     """Seconds after the start at which requests arrive: a Poisson process of ``rate``/s."""
+    return phased_offsets([(duration_s, rate)], seed)
+
+
+def phased_offsets(phases: list[tuple[float, float]], seed: int) -> list[float]:
+    """Arrivals of a Poisson process whose rate changes: ``(seconds, rate)`` one phase after
+    another (a burst between two calm stretches)."""
     rng = random.Random(seed)
     offsets: list[float] = []
-    t = rng.expovariate(rate)
-    while t < duration_s:
-        offsets.append(t)
-        t += rng.expovariate(rate)
+    begin = 0.0
+    for duration_s, rate in phases:
+        t = begin + rng.expovariate(rate)
+        while t < begin + duration_s:
+            offsets.append(t)
+            t += rng.expovariate(rate)
+        begin += duration_s
     return offsets
 
 
@@ -108,6 +142,7 @@ def interactive_body(
 class _Tally:
     ttft: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -117,8 +152,8 @@ class _Tally:
 async def run_interactive_load(
     url: str,
     *,
-    rate: float,
-    duration_s: float,
+    rate: float = 0.0,
+    duration_s: float = 0.0,
     model: str = MODEL,
     max_tokens: int = 64,
     prompt_words: int = 32,
@@ -126,12 +161,15 @@ async def run_interactive_load(
     seed: int = 0,
     timeout_s: float = 300.0,
     stop: asyncio.Event | None = None,
+    phases: list[tuple[float, float]] | None = None,
 ) -> LoadResult:
     """Send Poisson arrivals at ``rate`` per second for ``duration_s`` to ``url`` (ending in
-    ``/v1``), or until ``stop`` is set; then wait for the requests already sent."""
-    if rate <= 0 or duration_s <= 0:
+    ``/v1``), or until ``stop`` is set; then wait for the requests already sent. ``phases``
+    (``(seconds, rate)`` each) replaces ``rate`` and ``duration_s`` with a changing rate."""
+    phases = phases or [(duration_s, rate)]
+    if any(rate <= 0 or seconds <= 0 for seconds, rate in phases):
         raise ValueError("rate and duration_s must be positive")
-    offsets = arrival_offsets(rate, duration_s, seed)
+    offsets = phased_offsets(phases, seed)
     tally = _Tally()
     # No connection limit: an open-loop client must never queue its own requests.
     connector = aiohttp.TCPConnector(limit=0)
@@ -151,7 +189,7 @@ async def run_interactive_load(
                 prompt_words=prompt_words,
                 shared_prefix=shared_prefix,
             )
-            task = asyncio.create_task(_one(session, url, body, scheduled, tally))
+            task = asyncio.create_task(_one(session, url, body, start, offset, tally))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             sent += 1
@@ -167,6 +205,7 @@ async def run_interactive_load(
         prompt_tokens=tally.prompt_tokens,
         cached_tokens=tally.cached_tokens,
         error_samples=tuple(tally.errors[:5]),
+        samples=tuple(sorted(tally.samples, key=lambda s: s.offset_s)),
     )
 
 
@@ -188,8 +227,14 @@ async def _stopped_before(stop: asyncio.Event | None, delay_s: float) -> bool:
 
 
 async def _one(
-    session: aiohttp.ClientSession, url: str, body: bytes, scheduled: float, tally: _Tally
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    start: float,
+    offset: float,
+    tally: _Tally,
 ) -> None:
+    scheduled = start + offset
     first: float | None = None
     try:
         async with session.post(
@@ -215,9 +260,11 @@ async def _one(
         return
     end = time.perf_counter()
     tally.last_end = max(tally.last_end, end)
-    if first is not None:
-        tally.ttft.append(first - scheduled)
+    ttft = None if first is None else first - scheduled
+    if ttft is not None:
+        tally.ttft.append(ttft)
     tally.latency.append(end - scheduled)
+    tally.samples.append(Sample(offset, ttft, end - scheduled))
 
 
 def _has_content(chunk: dict[str, object]) -> bool:

@@ -96,6 +96,8 @@ def test_nobody_on_the_engine_for_a_while_takes_everything() -> None:
 
 
 def test_people_waiting_for_a_slot_get_the_excess_given_back_once() -> None:
+    # The excess over the limit, headroom included: the two who wait get slots, and one
+    # more is kept free for whoever comes before the next look.
     targets = SharedTargets(slots=16, headroom=1, headroom_sigmas=0, idle_after_s=1)
     limit = ConcurrencyLimit(16, Mode.SHARED, targets)
     limit.on_pressure(Pressure(running=16, waiting=0), own=16, now=0.0)
@@ -103,12 +105,13 @@ def test_people_waiting_for_a_slot_get_the_excess_given_back_once() -> None:
     assert limit.limit == 16
     full = Pressure(running=16, waiting=2)
     limit.on_pressure(full, own=16, now=2.1)
-    assert limit.to_give_back(full, own=16, now=2.1) == 2
+    assert limit.limit == 13
+    assert limit.to_give_back(full, own=16, now=2.1) == 3
     assert limit.to_give_back(full, own=16, now=2.2) == 0  # the engine has not seen them go
-    # Later: the two went, and the people they waited for run.
-    served = Pressure(running=16, waiting=0)
-    limit.on_pressure(served, own=14, now=2.7)
-    assert limit.to_give_back(served, own=14, now=2.7) == 0
+    # Later: the three went, and the people they waited for run.
+    served = Pressure(running=15, waiting=0)
+    limit.on_pressure(served, own=13, now=2.7)
+    assert limit.to_give_back(served, own=13, now=2.7) == 0
 
 
 def test_no_give_back_while_slots_are_free_or_when_turned_off() -> None:

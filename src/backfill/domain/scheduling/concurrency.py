@@ -189,8 +189,11 @@ class ConcurrencyLimit:
 
     def to_give_back(self, pressure: Pressure, own: int, now: float) -> int:
         """How many of Backfill's latest requests to give back now: people wait for a slot
-        that Backfill holds. At most the excess over the limit, and not again until the
-        engine has had a moment to see the last ones go."""
+        that Backfill holds. All of the excess over the limit at once, headroom included:
+        giving back only as many as wait would leave the next person who comes within a
+        look of the engine waiting too (on an engine that Backfill had filled while nobody
+        was on it, every one of the first few). Not again until the engine has had a moment
+        to see the last ones go."""
         slots = self.targets.slots or pressure.slots
         if (
             not self.shared
@@ -201,7 +204,7 @@ class ConcurrencyLimit:
             or now - self._gave_back_at < _GIVE_BACK_GAP_S
         ):
             return 0
-        count = min(own - self.limit, math.ceil(pressure.waiting), own)
+        count = min(own - self.limit, own)
         if count > 0:
             self._gave_back_at = now
         return max(0, count)
