@@ -65,6 +65,14 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.engine_step_seconds = Gauge(
+            "backfill_engine_step_seconds",
+            "A shared engine's step time as Backfill has learnt it, base + per_sequence x "
+            "running sequences (from its inter-token latency): what people's latency budget "
+            "caps batch sequences by. Absent until learnt.",
+            ["engine", "part"],
+            registry=r,
+        )
         self.engine_healthy = Gauge(
             "backfill_engine_healthy",
             "1 while some live worker's health check of the engine passes, 0 while every "

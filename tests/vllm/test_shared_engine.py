@@ -137,6 +137,14 @@ def test_people_waiting_for_a_slot_get_batch_slots_back(
     # that closing the connection freed the slot.)
     full_request_s = 160 * 0.03
     assert max(waits) < full_request_s / 2, (waits, given_back)
+    # The step line learnt from vLLM's inter-token latency, as operators see it: a step of
+    # this engine lasts tens of milliseconds, and grows with the sequences it runs.
+    step = re.findall(
+        r'^backfill_engine_step_seconds{engine="vllm",part="(\w+)"} (\S+)$', ours, re.M
+    )
+    learnt = {part: float(value) for part, value in step}
+    assert 0.005 < learnt.get("base", 0) < 0.5, ours
+    assert 0 < learnt.get("per_sequence", 0) < learnt["base"], learnt
 
 
 def test_a_replica_killed_mid_drain_loses_nothing_and_charges_nothing_twice(
