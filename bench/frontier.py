@@ -373,14 +373,13 @@ def report(runs: list[Run]) -> None:
             f"{run.given_back:.0f} ({thrown:.0%}){'  within' if within else ''}"
         )
     shared = runs[-1]
-    best = oracle.batch_rps if oracle else 0.0
-    print(
-        f"oracle: {oracle.name if oracle else 'none within the budget'} ({best:.2f} req/s); "
-        f"shared {shared.batch_rps:.2f} req/s = "
-        f"{shared.batch_rps / best:.2f}x"
-        if best
-        else ""
-    )
+    if oracle is None:
+        print(f"oracle: none within the budget; shared {shared.batch_rps:.2f} req/s")
+    else:
+        print(
+            f"oracle: {oracle.name} ({oracle.batch_rps:.2f} req/s); shared "
+            f"{shared.batch_rps:.2f} req/s = {shared.batch_rps / oracle.batch_rps:.2f}x"
+        )
 
 
 def plot(levels: list[list[Run]], path: Path, title: str) -> None:
