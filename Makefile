@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SUITE_TESTS := 2,250
 SUITE_MINUTES := 20–35
 
-.PHONY: up test unit check lint fmt bench bench-drain-curve vllm-env clean
+.PHONY: up test unit check lint fmt bench bench-drain-curve bench-vllm vllm-env clean
 
 # llama.cpp is compiled from source when it is installed. Build it for a portable x86-64
 # baseline (AVX2), not for the build machine: a native build can use instructions (AMX) that the
@@ -116,6 +116,10 @@ bench: $(SPEEDUPS)
 # One million-line batch, its rate per 5% of progress; writes docs/drain_curve.png.
 bench-drain-curve: $(SPEEDUPS)
 	PYTHONPATH=. $(PY) -m bench.drain_curve
+
+# The frontier on the real vLLM (CPU build, SmolLM2-135M): about 45 minutes on 2 cores.
+bench-vllm: $(SPEEDUPS) $(VLLM_STAMP)
+	PYTHONPATH=. $(PY) -m bench.frontier --engine vllm --levels 0,0.3,step
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) backfill-data

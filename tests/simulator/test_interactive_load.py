@@ -9,7 +9,12 @@ import time
 import pytest
 
 from backfill.simulator.server import SimulatorConfig
-from bench.interactive_load import Percentiles, arrival_offsets, run_interactive_load
+from bench.interactive_load import (
+    Percentiles,
+    arrival_offsets,
+    phased_offsets,
+    run_interactive_load,
+)
 from tests.support import running_simulator
 
 FAST = SimulatorConfig(ttft_ms=2, itl_ms=1, output_tokens=8, slots=16)
@@ -29,6 +34,20 @@ def test_arrivals_are_a_seeded_poisson_process() -> None:
     assert mean == pytest.approx(1 / 200, rel=0.05)
     # Exponential gaps: about 1 - 1/e of them are shorter than the mean.
     assert sum(g < mean for g in gaps) / len(gaps) == pytest.approx(0.632, abs=0.03)
+
+
+def test_phases_change_the_rate_at_their_boundaries() -> None:
+    # A step: 20/s for 10 s, 200/s for 10 s, 20/s again.
+    offsets = phased_offsets([(10, 20), (10, 200), (10, 20)], seed=5)
+    assert offsets == sorted(offsets)
+    calm = [t for t in offsets if t < 10]
+    burst = [t for t in offsets if 10 <= t < 20]
+    after = [t for t in offsets if t >= 20]
+    assert 140 < len(calm) < 260
+    assert 1_850 < len(burst) < 2_150
+    assert 140 < len(after) < 260
+    assert offsets[-1] < 30
+    assert phased_offsets([(50, 200)], seed=3) == arrival_offsets(200, 50, seed=3)
 
 
 def test_percentiles_by_nearest_rank() -> None:
@@ -57,6 +76,12 @@ async def test_every_scheduled_request_is_sent_and_measured() -> None:
         assert latency is not None
         assert 0 < ttft <= latency
     assert "requests" in result.summary()
+    # Each answer is kept against its scheduled arrival, so a window can be measured alone.
+    assert [x.offset_s for x in result.samples] == arrival_offsets(60, 0.5, 1)
+    later = result.between(0.25)
+    assert later.ok == sum(1 for t in arrival_offsets(60, 0.5, 1) if t >= 0.25)
+    assert all(x.offset_s >= 0.25 for x in later.samples)
+    assert later.latency.p99 is not None
 
 
 async def test_a_shared_prefix_reaches_the_prefix_cache() -> None:
