@@ -92,7 +92,14 @@ def start_engine(kind: str, work: Path) -> Engine:
     if kind == "vllm":
         from bench import vllm
 
-        real = vllm.start_vllm(work / "vllm.log", max_num_seqs=SLOTS, policy="priority")
+        # Every run replays the same people and the same batch lines: with its prefix cache
+        # on, vLLM would answer the later runs from what the first one left in it.
+        real = vllm.start_vllm(
+            work / "vllm.log",
+            max_num_seqs=SLOTS,
+            policy="priority",
+            extra=["--no-enable-prefix-caching"],
+        )
         return Engine(real.base_url, vllm.SERVED_MODEL, real.stop)
     profile = kind.removeprefix("sim-")
     process, url = start_simulator(
