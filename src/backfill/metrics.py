@@ -105,6 +105,45 @@ class Metrics:
             registry=r,
         )
 
+        # What each model's queue asks of its fleet (docs/deployment.md, "Autoscaling on
+        # Backfill's demand"): computed from the database at each scrape, the same in every
+        # process.
+        self.model_queued_requests = Gauge(
+            "backfill_model_queued_requests",
+            "Requests of the model's validating and in-progress batches not yet done.",
+            ["model"],
+            registry=r,
+        )
+        self.model_queued_tokens_bound = Gauge(
+            "backfill_model_queued_tokens_bound",
+            "Tokens those requests may take at most: the prompt bound counted at upload plus "
+            "the output limits, in proportion to the requests not done.",
+            ["model"],
+            registry=r,
+        )
+        self.model_replicas = Gauge(
+            "backfill_model_replicas",
+            "Replicas of the model up now: engines some live worker's health check finds "
+            "answering.",
+            ["model"],
+            registry=r,
+        )
+        self.model_replica_requests_per_s = Gauge(
+            "backfill_model_replica_requests_per_s",
+            "Requests per second one replica of the model serves while it has work, as the "
+            "planner measured it. Absent until measured.",
+            ["model"],
+            registry=r,
+        )
+        self.model_replicas_needed = Gauge(
+            "backfill_model_replicas_needed",
+            "Replicas that finish every accepted batch of the model before its deadline less "
+            "the planner's margin, at the measured rate per replica: 0 with nothing queued, "
+            "at least 1 while anything is (the replicas up until the rate is measured).",
+            ["model"],
+            registry=r,
+        )
+
     def count_stored_file_damaged(self, kind: str) -> None:
         """One read found stored content missing or damaged (``kind`` as the counter's)."""
         self.stored_file_damaged.labels(kind).inc()

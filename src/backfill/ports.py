@@ -42,6 +42,7 @@ from backfill.domain.records import (
 )
 from backfill.domain.result_cursor import PagedResult, ResultCursor
 from backfill.domain.scheduling.concurrency import Pressure
+from backfill.domain.scheduling.demand import DemandInputs
 from backfill.domain.scheduling.planning import Plan, PlanInputs
 
 
@@ -648,6 +649,12 @@ class OverviewStore(Protocol):
 
     async def queue_by_model(self) -> list[ModelQueue]:
         """Unfinished batches grouped by model, by model name."""
+        ...
+
+    async def demand_inputs(self) -> DemandInputs:
+        """What each model's queue asks of its fleet, from stored state only: the validating
+        and in-progress batches with lines left, the planner's rate per replica by model, and
+        every worker's engine rows (the caller's time decides which still count)."""
         ...
 
 

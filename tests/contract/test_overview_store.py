@@ -13,9 +13,11 @@ from sqlalchemy import case, event, text, update
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.catalog import Billing
+from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.lifecycle import BatchStatus, Outcome
 from backfill.domain.overview import BatchCharges, EntryKind, LedgerEntry, OrgAccount
 from backfill.domain.records import Admission, Org, Receipt, ReceiptKind
+from backfill.domain.scheduling.planning import ModelRate, Plan
 from backfill.errors import InvalidInput
 from tests.contract.test_store import LEASE, NOW, bad, make_batch, make_org, ok, take
 
@@ -176,6 +178,65 @@ async def test_queue_by_model_counts_unfinished_batches(store: SqlStore) -> None
     assert queue["alpha"].remaining == 6
     assert (queue["beta"].batches, queue["beta"].in_progress, queue["beta"].remaining) == (1, 0, 3)
     assert queue["alpha"].requests_per_s is None
+
+
+async def test_demand_inputs_are_the_queued_batches_rates_per_replica_and_engine_rows(
+    store: SqlStore,
+) -> None:
+    empty = await store.demand_inputs()
+    assert (list(empty.queued), dict(empty.per_replica), list(empty.engines)) == ([], {}, [])
+    org = await make_org(store)
+    running = await make_batch(store, org, 4, model="alpha", output_token_bound=400)
+    await make_batch(
+        store, org, 2, model="alpha", status=BatchStatus.VALIDATING, output_token_bound=100
+    )
+    await make_batch(store, org, 5, model="beta", status=BatchStatus.COMPLETED)
+    await make_batch(store, org, 3, model="beta", status=BatchStatus.CANCELLING)
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            update(t.files)
+            .where(t.files.c.id == running.input_file_id)
+            .values(prompt_token_bound=200)
+        )
+    [item] = await take(store, running, 1, "token-a", NOW + LEASE, NOW)
+    assert await store.write_results([ok(item, "token-a")]) == [True]
+    # What the planner stores, read back by the planner and by the demand alike.
+    await store.apply_plan(Plan([ModelRate("alpha", 10.0, NOW, 7, True, 2, 5.0)], [], {}))
+    await store.apply_plan(Plan([ModelRate("gamma", None, NOW, 0, True, 1, None)], [], {}))
+    up = EngineReport(
+        worker="w1",
+        engine="vllm-a",
+        url="http://10.0.0.7:8000/v1",
+        models=("alpha",),
+        state=EngineState.UP,
+        last_error=None,
+        since=NOW - 5,
+        checked_at=NOW,
+        in_flight=1,
+        max_concurrency=16,
+        concurrency_limit=16,
+        mode="dedicated",
+        signal="fixed",
+        pressure=0.0,
+        until=NOW + LEASE,
+    )
+    await store.report_engines([up], NOW)
+
+    found = await store.demand_inputs()
+    assert sorted((b.model, b.remaining, b.tokens_bound) for b in found.queued) == [
+        # 3 of 4 lines left of (200 prompt + 400 output) tokens; the validating batch's 2.
+        ("alpha", 2, 100),
+        ("alpha", 3, 450),
+    ]
+    assert {(b.created_at, b.expires_at) for b in found.queued} == {(int(NOW), int(NOW) + 86400)}
+    assert found.per_replica == {"alpha": 5.0, "gamma": None}
+    assert list(found.engines) == [up]
+    planned = await store.plan_inputs()
+    assert {(r.model, r.replicas, r.per_replica) for r in planned.rates} == {
+        ("alpha", 2, 5.0),
+        ("gamma", 1, None),
+    }
+    assert list(planned.engines) == [up]
 
 
 async def test_org_account_reads_credits_and_the_balance_not_receipts(store: SqlStore) -> None:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.scheduling.planning import (
     MIN_SAMPLE_LINES,
     MIN_SAMPLE_S,
@@ -177,6 +178,58 @@ def test_a_window_is_measured_only_once_it_holds_enough() -> None:
     assert measure(early, "m", MIN_SAMPLE_LINES, True, NOW + 4).rps == MIN_SAMPLE_LINES / 4
     slow = measure(start, "m", 3, True, NOW + MIN_SAMPLE_S)
     assert slow.rps == 3 / MIN_SAMPLE_S
+
+
+def test_the_rate_per_replica_counts_only_windows_with_the_same_replicas_up() -> None:
+    start = measure(None, "m", 0, True, NOW, replicas=2)
+    assert (start.replicas, start.per_replica) == (2, None)
+    # 1,000 lines in 10 s over 2 replicas: 50 a replica.
+    first = measure(start, "m", 1000, True, NOW + 10, replicas=2)
+    assert (first.rps, first.per_replica, first.replicas) == (100, 50, 2)
+    # A third replica joined during the next window: its rate is measured, one replica's is
+    # kept as it was, and the next window starts with three.
+    grown = measure(first, "m", 2500, True, NOW + 20, replicas=3)
+    assert grown.rps == pytest.approx(100 + RATE_SMOOTHING * (150 - 100))
+    assert (grown.per_replica, grown.replicas) == (50, 3)
+    steady = measure(grown, "m", 4300, True, NOW + 30, replicas=3)
+    assert steady.per_replica == pytest.approx(50 + RATE_SMOOTHING * (60 - 50))
+    # Idle, then busy again with none up (scaled to zero): both rates are kept.
+    idle = measure(steady, "m", 4300, False, NOW + 40, replicas=0)
+    back = measure(idle, "m", 4300, True, NOW + 3600, replicas=0)
+    assert (back.rps, back.per_replica) == (steady.rps, steady.per_replica)
+    # Without replicas known (none reported), nothing is measured per replica.
+    unknown = measure(measure(None, "m", 0, True, NOW), "m", 1000, True, NOW + 10)
+    assert (unknown.rps, unknown.per_replica) == (100, None)
+
+
+def test_a_plan_counts_the_replicas_up_from_the_engine_reports() -> None:
+    def up(name: str, until: float = NOW + 30) -> EngineReport:
+        return EngineReport(
+            worker="w",
+            engine=name,
+            url=f"http://{name}/v1",
+            models=("m",),
+            state=EngineState.UP,
+            last_error=None,
+            since=NOW - 60,
+            checked_at=NOW - 1,
+            in_flight=0,
+            max_concurrency=8,
+            concurrency_limit=8,
+            mode="dedicated",
+            signal="fixed",
+            pressure=0.0,
+            until=until,
+        )
+
+    inputs = PlanInputs(
+        lanes=[lane_load("x", 1400, 1000)],
+        rates=[ModelRate("m", 10.0, NOW - 40, 1000, True, replicas=2)],
+        running=[],
+        engines=[up("a"), up("b"), up("gone", until=NOW - 1)],
+    )
+    [rate] = plan(inputs, NOW, 0.1).rates
+    assert (rate.rps, rate.per_replica, rate.replicas) == (10.0, 5.0, 2)
 
 
 def test_estimates_are_rewritten_only_when_they_move() -> None:

@@ -1,5 +1,5 @@
-"""``backfill admin``: organizations, API keys, credit, catalog models, private deployments and
-engines, straight against the database.
+"""``backfill admin``: organizations, API keys, credit, catalog models, private deployments,
+engines and the queue, straight against the database.
 
 Every read command takes ``--json`` and then prints the object the admin API answers for the
 same read (``GET /admin/v1/...``), so scripts see one shape wherever they read it.
@@ -32,6 +32,7 @@ from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
+from backfill.domain.overview import ModelQueue
 from backfill.domain.records import ApiKey, Org
 from backfill.domain.scheduling.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.settings import (
@@ -420,3 +421,52 @@ def engine_list(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt =
         )
         return
     Console(width=200).print(_engines_table(reports))
+
+
+def _queue_table(found: list[ModelQueue]) -> Table:
+    margin = next((q.demand.deadline_margin_fraction for q in found if q.demand), 0.0)
+    table = _table(
+        f"Unfinished batches by model, and the replicas their deadlines need "
+        f"(margin {margin:g} of each window)",
+        (
+            "model",
+            "batches",
+            "requests left",
+            "queued",
+            "tokens (bound)",
+            "replicas up",
+            "req/s per replica",
+            "replicas needed",
+        ),
+    )
+    for q in found:
+        d = q.demand
+        per_replica = "-" if d is None or d.per_replica_rps is None else f"{d.per_replica_rps:.2f}"
+        table.add_row(
+            q.model,
+            str(q.batches),
+            str(q.remaining),
+            "-" if d is None else str(d.queued_requests),
+            "-" if d is None else str(d.queued_tokens_bound),
+            "-" if d is None else str(d.replicas),
+            per_replica,
+            "-" if d is None else str(d.replicas_needed),
+        )
+    return table
+
+
+@app.command("queue")
+def queue(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False) -> None:
+    """Show each model with unfinished batches: the requests and tokens queued, the replicas
+    up, the rate one replica serves, and the replicas that finish every accepted batch before
+    its deadline (the same as GET /admin/v1/queue)."""
+    found = read_admin(admin_settings(config, data), lambda b: b.services.fleet.queue())
+    if json_:
+        from backfill.adapters.http.admin_views import queue_list
+
+        print_json(queue_list(found))
+        return
+    if not found:
+        typer.echo("The queue is empty: no model has unfinished batches.")
+        return
+    Console(width=200).print(_queue_table(found))

@@ -453,8 +453,13 @@ def build(
         webhook_refusal=webhooks.refusal,
         health=health,
     )
+    fleet = FleetService(store, clock, margin_fraction=settings.scheduling.deadline_margin_fraction)
     operations = Operations(
-        store, metrics, worker.observe if worker is not None else None, health=health
+        store,
+        metrics,
+        worker.observe if worker is not None else None,
+        health=health,
+        fleet=fleet,
     )
     services = Services(
         TenantService(store, store, clock),
@@ -467,7 +472,7 @@ def build(
         ResultService(store, keyring, files),
         reruns=RerunService(store, batches, files, clock),
         account=AccountService(store, store),
-        fleet=FleetService(store),
+        fleet=fleet,
         error_codes=ErrorCodeService(store, keyring, files),
     )
     return Backfill(

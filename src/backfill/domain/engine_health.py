@@ -264,6 +264,18 @@ def model_health(reports: Iterable[EngineReport]) -> dict[str, ModelHealth]:
     }
 
 
+def replicas_up(reports: Iterable[EngineReport], now: float) -> dict[str, int]:
+    """How many replicas of each model are up at ``now``: engines, told apart by name and URL,
+    whose last health check by a live worker passed (``until`` not past). An engine several
+    workers report counts once; models with none up are left out."""
+    up: dict[str, set[tuple[str, str | None]]] = {}
+    for report in reports:
+        if report.state == EngineState.UP and report.until >= now:
+            for model in report.models:
+                up.setdefault(model, set()).add((report.engine, report.url))
+    return {model: len(replicas) for model, replicas in up.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class WaitingOn:
     """Why a running batch makes no progress, for its owner: a stable ``code``, a message

@@ -10,6 +10,7 @@ from enum import StrEnum
 from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import Org
+from backfill.domain.scheduling.demand import ModelDemand
 
 
 class EntryKind(StrEnum):
@@ -99,3 +100,5 @@ class ModelQueue:
     in_progress: int
     remaining: int
     requests_per_s: float | None
+    demand: ModelDemand | None = None
+    """What the model's queue asks of its fleet (None: not read)."""

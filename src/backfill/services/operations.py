@@ -9,6 +9,7 @@ from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.metrics import Metrics
 from backfill.ports import OperationsStore
 from backfill.services.engine_health import EngineHealth
+from backfill.services.fleet import FleetService
 
 log = logging.getLogger("backfill.api")
 
@@ -21,12 +22,14 @@ class Operations:
         observe: Callable[[], None] | None = None,
         *,
         health: EngineHealth,
+        fleet: FleetService,
     ) -> None:
         self._store = store
         self.metrics = metrics
         # Called before each scrape: the worker refreshes the gauges only it knows.
         self._observe = observe
         self._health = health
+        self._fleet = fleet
 
     async def ready(self) -> bool:
         try:
@@ -50,6 +53,7 @@ class Operations:
         for share in await self._store.dispatch_shares():
             self.metrics.dispatch_share.labels(share.model, share.org).set(share.share)
         await self._engine_gauges()
+        await self._demand_gauges()
         if self._observe is not None:
             self._observe()
         return self.metrics.render()
@@ -69,3 +73,25 @@ class Operations:
         self.metrics.batches_waiting_on_engine.clear()
         for model, count in (await self._health.batches_waiting()).items():
             self.metrics.batches_waiting_on_engine.labels(model).set(count)
+
+    async def _demand_gauges(self) -> None:
+        """What each model's queue asks of its fleet, by model name (as many labels as
+        models)."""
+        m = self.metrics
+        gauges = (
+            m.model_queued_requests,
+            m.model_queued_tokens_bound,
+            m.model_replicas,
+            m.model_replica_requests_per_s,
+            m.model_replicas_needed,
+        )
+        for gauge in gauges:
+            gauge.clear()
+        for found in await self._fleet.demand():
+            model = found.model
+            m.model_queued_requests.labels(model).set(found.queued_requests)
+            m.model_queued_tokens_bound.labels(model).set(found.queued_tokens_bound)
+            m.model_replicas.labels(model).set(found.replicas)
+            if found.per_replica_rps is not None:
+                m.model_replica_requests_per_s.labels(model).set(found.per_replica_rps)
+            m.model_replicas_needed.labels(model).set(found.replicas_needed)

@@ -42,7 +42,8 @@ def _values(report: EngineReport) -> dict[str, Any]:
     }
 
 
-def _report(row: Any) -> EngineReport:
+def report_from_row(row: Any) -> EngineReport:
+    """An ``engine_health`` row as the report it stores."""
     return EngineReport(
         worker=row.worker,
         engine=row.engine,
@@ -85,7 +86,7 @@ class EngineHealthQueries(SqlBase):
         h = t.engine_health
         query = select(h).where(h.c.until >= now).order_by(h.c.engine, h.c.worker)
         async with self.engine.connect() as conn:
-            return [_report(row) for row in await conn.execute(query)]
+            return [report_from_row(row) for row in await conn.execute(query)]
 
     async def forget_engines(self, worker: str) -> None:
         h = t.engine_health

@@ -1,5 +1,6 @@
-"""What the planner reads (lanes, running batches, measured rates) and writes back (lane
-urgency and shares, model rates, batch estimates), and the dispatch shares /metrics shows."""
+"""What the planner reads (lanes, running batches, measured rates, the replicas up) and writes
+back (lane urgency and shares, model rates, batch estimates), and the dispatch shares /metrics
+shows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.engine_health import report_from_row
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import DispatchShare
 from backfill.domain.scheduling.claim_model import has_claimable_work
@@ -53,18 +55,28 @@ _RUNNING = (
 )
 
 
-def _inputs(conn: Connection) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+# Every worker's engine rows, those of workers that stopped reporting included: the plan,
+# made at its own time, leaves out rows whose ``until`` has passed. A few rows per worker.
+_ENGINES = select(t.engine_health)
+
+
+def _inputs(
+    conn: Connection,
+) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any], Sequence[Any]]:
     return (
         conn.execute(_LANES).all(),
         conn.execute(_RATES).all(),
         conn.execute(_RUNNING).all(),
+        conn.execute(_ENGINES).all(),
     )
 
 
 class PlanningQueries(SqlBase):
     async def plan_inputs(self) -> PlanInputs:
         # One trip on SQLite: every worker's planner reads these every few seconds, busy or not.
-        lanes, rates, running = await self.in_one_trip("reading the planner's inputs", _inputs)
+        lanes, rates, running, engines = await self.in_one_trip(
+            "reading the planner's inputs", _inputs
+        )
         return PlanInputs(
             lanes=[
                 LaneLoad(
@@ -80,7 +92,15 @@ class PlanningQueries(SqlBase):
                 for row in lanes
             ],
             rates=[
-                ModelRate(row.model, row.rps, row.observed_at, int(row.served), bool(row.busy))
+                ModelRate(
+                    row.model,
+                    row.rps,
+                    row.observed_at,
+                    int(row.served),
+                    bool(row.busy),
+                    int(row.replicas),
+                    row.rps_per_replica,
+                )
                 for row in rates
             ],
             running=[
@@ -96,6 +116,7 @@ class PlanningQueries(SqlBase):
                 )
                 for row in running
             ],
+            engines=[report_from_row(row) for row in engines],
         )
 
     async def apply_plan(self, plan: Plan) -> None:
@@ -144,9 +165,18 @@ class PlanningQueries(SqlBase):
                             "observed_at": rate.observed_at,
                             "served": rate.served,
                             "busy": rate.busy,
+                            "replicas": rate.replicas,
+                            "rps_per_replica": rate.per_replica,
                         },
                         key=[r.c.model],
-                        replace=["rps", "observed_at", "served", "busy"],
+                        replace=[
+                            "rps",
+                            "observed_at",
+                            "served",
+                            "busy",
+                            "replicas",
+                            "rps_per_replica",
+                        ],
                         where=r.c.observed_at < rate.observed_at,
                     )
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
+from backfill.adapters.db.demand import DemandQueries
 from backfill.adapters.db.engine_health import EngineHealthQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
@@ -26,6 +27,7 @@ class SqlStore(
     AccountQueries,
     BatchQueries,
     ClaimQueries,
+    DemandQueries,
     EndedBatchQueries,
     EngineHealthQueries,
     FileQueries,

@@ -359,6 +359,9 @@ model_rates = Table(
     Column("observed_at", Float, nullable=False),
     Column("served", BigInteger, nullable=False),
     Column("busy", Boolean, nullable=False),
+    # Replicas up when the window started, and the rate one replica serves (null: unmeasured).
+    Column("replicas", Integer, nullable=False, server_default="0"),
+    Column("rps_per_replica", Float),
 )
 
 # Webhook endpoints an org registered for batch events (OpenAI's event names).

@@ -1,5 +1,6 @@
 """Admin views for the dashboard under /admin/v1: every org with its credit, the queue by
-model. Engines are ``GET /admin/v1/engines`` (admin.py)."""
+model with what it asks of each model's fleet. Engines are ``GET /admin/v1/engines``
+(admin.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from backfill.adapters.http.presenters import list_object
 from backfill.adapters.http.responses import json_response
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import ModelQueue, OrgCredit
+from backfill.domain.scheduling.demand import ModelDemand
 from backfill.services.bundle import Services
 
 router = APIRouter(prefix="/admin/v1", include_in_schema=False)
@@ -34,7 +36,7 @@ def org_credit_object(found: OrgCredit) -> dict[str, Any]:
 
 
 def queue_object(queue: ModelQueue) -> dict[str, Any]:
-    return {
+    found: dict[str, Any] = {
         "object": "queue.model",
         "model": queue.model,
         "batches": queue.batches,
@@ -42,6 +44,27 @@ def queue_object(queue: ModelQueue) -> dict[str, Any]:
         "remaining_requests": queue.remaining,
         "requests_per_s": queue.requests_per_s,
     }
+    if queue.demand is not None:
+        found.update(demand_fields(queue.demand))
+    return found
+
+
+def demand_fields(demand: ModelDemand) -> dict[str, Any]:
+    """What the model's queue asks of its fleet (docs/api.md, "Admin: organizations' credit
+    and the queue")."""
+    return {
+        "queued_requests": demand.queued_requests,
+        "queued_tokens_bound": demand.queued_tokens_bound,
+        "replicas": demand.replicas,
+        "requests_per_s_per_replica": demand.per_replica_rps,
+        "replicas_needed": demand.replicas_needed,
+        "deadline_margin_fraction": demand.deadline_margin_fraction,
+    }
+
+
+def queue_list(found: list[ModelQueue]) -> dict[str, Any]:
+    """``GET /admin/v1/queue``'s answer, which ``backfill admin queue --json`` prints too."""
+    return {"object": "list", "data": [queue_object(q) for q in found], "has_more": False}
 
 
 @router.get("/orgs")
@@ -54,6 +77,4 @@ async def list_orgs(
 
 @router.get("/queue")
 async def queue(_: Admin, svc: Svc) -> Response:
-    found = await svc.fleet.queue()
-    data = [queue_object(q) for q in found]
-    return json_response({"object": "list", "data": data, "has_more": False})
+    return json_response(queue_list(await svc.fleet.queue()))

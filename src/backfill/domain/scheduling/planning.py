@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from backfill.domain.engine_health import EngineReport, replicas_up
+
 # A lane that is not urgent is served "by" this deadline: later than any real one, so one
 # ordering key (urgent_by, then virtual time) puts urgent lanes first, earliest deadline first.
 NOT_URGENT = 2**62
@@ -58,6 +60,12 @@ class ModelRate:
     """Lines claimed from the model's lanes, ever, at ``observed_at``."""
     busy: bool
     """It had work ready at ``observed_at``."""
+    replicas: int = 0
+    """Its replicas up at ``observed_at`` (0: none, or not known)."""
+    per_replica: float | None = None
+    """Requests per second one replica serves while the model has work: each window's rate
+    divided by the replicas up at both of its ends, counted only when those agree; None
+    until such a window was measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,8 @@ class PlanInputs:
     lanes: Sequence[LaneLoad]
     rates: Sequence[ModelRate]
     running: Sequence[RunningBatch]
+    engines: Sequence[EngineReport] = ()
+    """The workers' stored engine reports: how many replicas of each model are up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,29 +123,48 @@ class Plan:
 
 
 def measure(
-    previous: ModelRate | None, model: str, served: int, busy: bool, now: float
+    previous: ModelRate | None,
+    model: str,
+    served: int,
+    busy: bool,
+    now: float,
+    replicas: int = 0,
 ) -> ModelRate:
-    """The model's rate, now that ``served`` lines were ever claimed from it.
+    """The model's rate, now that ``served`` lines were ever claimed from it and ``replicas``
+    of it are up.
 
     A window counts only while the model had work ready at every look: an idle model keeps
     its last busy rate, so a quiet night does not make the morning's first batch look
     impossible. A window is measured once it holds enough lines or time; until then it grows.
     An idle model's record stays as it is while it stays idle: its window starts again at its
     next busy look, so rewriting it at every idle look would store nothing of use.
+
+    The rate one replica serves is measured from the same windows, divided by the replicas up
+    at the window's start and end when those are the same. A window across a change of fleet
+    says nothing certain of one replica: the rate per replica then stays as it was.
     """
     if previous is not None and not previous.busy and not busy:
         return previous
     if previous is None or not (previous.busy and busy):
-        return ModelRate(model, previous.rps if previous else None, now, served, busy)
+        rps, per_replica = (previous.rps, previous.per_replica) if previous else (None, None)
+        return ModelRate(model, rps, now, served, busy, replicas, per_replica)
     lines, elapsed = served - previous.served, now - previous.observed_at
     if elapsed <= 0 or (lines < MIN_SAMPLE_LINES and elapsed < MIN_SAMPLE_S):
         return previous
     sample = lines / elapsed
-    if previous.rps is None:
-        rps = sample if sample > 0 else None
-    else:
-        rps = previous.rps + RATE_SMOOTHING * (sample - previous.rps)
-    return ModelRate(model, rps, now, served, busy)
+    per_replica = previous.per_replica
+    if replicas > 0 and replicas == previous.replicas:
+        per_replica = _smoothed(previous.per_replica, sample / replicas)
+    return ModelRate(
+        model, _smoothed(previous.rps, sample), now, served, busy, replicas, per_replica
+    )
+
+
+def _smoothed(previous: float | None, sample: float) -> float | None:
+    """The moving average after ``sample``; a first sample of 0 measures nothing."""
+    if previous is None:
+        return sample if sample > 0 else None
+    return previous + RATE_SMOOTHING * (sample - previous)
 
 
 class _Lanes:
@@ -226,6 +255,7 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
     for batch in inputs.running:
         running_of[batch.model].append(batch)
     previous = {rate.model: rate for rate in inputs.rates}
+    up = replicas_up(inputs.engines, now)
 
     rates: list[ModelRate] = []
     lane_plans: list[LanePlan] = []
@@ -236,7 +266,7 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
         busy = any(lane.ready for lane in lanes)
         grown = sum(lane.served - lane.served_mark for lane in lanes)
         served = sum(lane.served for lane in lanes)
-        rate = measure(previous.get(model), model, served, busy, now)
+        rate = measure(previous.get(model), model, served, busy, now, up.get(model, 0))
         if rate != previous.get(model):
             rates.append(rate)
         finishes: dict[str, float] = {}
