@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
@@ -143,6 +145,16 @@ class Metrics:
             ["model"],
             registry=r,
         )
+
+    def forget_engine(self, name: str) -> None:
+        """Drop the gauges the worker sets for an engine that left the pool (a replica gone);
+        its counters stay, as counters do."""
+        for gauge in (self.in_flight, self.concurrency_limit, self.engine_pressure):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)
+        for part in ("base", "per_sequence"):
+            with contextlib.suppress(KeyError):
+                self.engine_step_seconds.remove(name, part)
 
     def count_stored_file_damaged(self, kind: str) -> None:
         """One read found stored content missing or damaged (``kind`` as the counter's)."""

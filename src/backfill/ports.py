@@ -171,6 +171,24 @@ class Switch(Protocol):
         ...
 
 
+class DiscoveryFailed(Exception):
+    """The replicas could not be looked up (the name server failed or did not answer): what
+    was found before still stands. A name with no addresses is not a failure."""
+
+
+class ReplicaFinder(Protocol):
+    """Where the replicas of one engine are now (docs/fleet.md)."""
+
+    @property
+    def name(self) -> str:
+        """What is looked up, for operators."""
+        ...
+
+    async def find(self) -> frozenset[tuple[str, int]]:
+        """Every replica's (address, port); raises ``DiscoveryFailed``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class FetchedMedia:
     """A remote medium fetched for a request: its bytes and the content type it came with."""
@@ -672,8 +690,9 @@ class EngineHealthStore(Protocol):
         then worker."""
         ...
 
-    async def forget_engines(self, worker: str) -> None:
-        """Remove a worker's rows: it stops, and its engines with it."""
+    async def forget_engines(self, worker: str, engine: str | None = None) -> None:
+        """Remove a worker's rows: it stops, and its engines with it (or ``engine`` alone:
+        a replica that left its fleet)."""
         ...
 
     async def running_batches_by_model(self) -> dict[str, int]:

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, overload
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -176,6 +177,54 @@ class EngineSettings(BaseModel):
     # for them, so a shared engine keeps its headroom; whether the engine applies it is
     # probed (docs/configuration.md).
     priority: int | None = None
+    # Replicas found by name (docs/fleet.md): every address ``base_url``'s host resolves to
+    # is one replica of this engine ("dns": A and AAAA records, with base_url's port;
+    # "dns-srv": the host's SRV records, each target and port), looked up again every
+    # ``discovery_interval_s``. Nameservers ("host" or "host:port") replace the system's.
+    discovery: Literal["none", "dns", "dns-srv"] = "none"
+    discovery_interval_s: float = Field(default=10.0, gt=0)
+    discovery_nameservers: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _discovered(self) -> EngineSettings:
+        if self.discovery == "none":
+            return self
+        if self.command:
+            raise ValueError(
+                f"engine {self.name!r}: discovery finds replicas of an engine that runs "
+                'elsewhere; remove command, or set discovery = "none"'
+            )
+        if self.metrics_url:
+            raise ValueError(
+                f"engine {self.name!r}: with discovery each replica's metrics are read at its "
+                "own address (base_url's, /metrics); remove metrics_url"
+            )
+        host = urlsplit(self.base_url).hostname
+        if not host:
+            raise ValueError(
+                f"engine {self.name!r}: discovery needs base_url with the name to resolve, "
+                'e.g. "http://qwen-7b.models.svc:8000/v1"'
+            )
+        self.nameservers()
+        return self
+
+    def nameservers(self) -> list[tuple[str, int]]:
+        """``discovery_nameservers`` as (address, port); empty: the system's resolver."""
+        return [_nameserver(server) for server in self.discovery_nameservers]
+
+
+def _nameserver(server: str) -> tuple[str, int]:
+    """A nameserver written "host" or "host:port" ("[v6]:port" for IPv6)."""
+    where = urlsplit(f"//{server}")
+    try:
+        port = where.port or 53
+        ipaddress.ip_address(where.hostname or "")
+    except ValueError:
+        raise ValueError(
+            f"discovery nameserver {server!r} is not an address; write e.g. 10.96.0.10 or "
+            "127.0.0.1:5353"
+        ) from None
+    return where.hostname or "", port
 
 
 class OutboundPolicy(BaseModel):

@@ -52,8 +52,24 @@ def sim_settings(data_dir: Path, sim_url: str, **overrides: Any) -> Settings:
 
 
 def write_sim_config(
-    path: Path, sim_url: str, *, max_concurrency: int = 32, extra: str = ""
+    path: Path,
+    sim_url: str,
+    *,
+    max_concurrency: int = 32,
+    extra: str = "",
+    engines: str | None = None,
 ) -> None:
+    """A TOML file for ``backfill up`` on the simulated model, served by one engine at
+    ``sim_url`` (or by the ``[[engines]]`` tables ``engines`` holds instead)."""
+    if engines is None:
+        engines = f"""
+[[engines]]
+name = "sim"
+base_url = "{sim_url}"
+models = ["{SIM_MODEL}"]
+max_concurrency = {max_concurrency}
+request_timeout_s = 5.0
+"""
     path.write_text(
         f"""
 local_engine = false
@@ -68,12 +84,5 @@ model_config_id = "sim-model-v1"
 context_length = 4096
 max_output_tokens = 1024
 batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
-
-[[engines]]
-name = "sim"
-base_url = "{sim_url}"
-models = ["{SIM_MODEL}"]
-max_concurrency = {max_concurrency}
-request_timeout_s = 5.0
-"""
+{engines}"""
     )

@@ -54,7 +54,7 @@ class Reports:
     async def engine_reports(self, now: float) -> list[EngineReport]:
         return list(self.rows.values())
 
-    async def forget_engines(self, worker: str) -> None:
+    async def forget_engines(self, worker: str, engine: str | None = None) -> None:
         self.rows = {k: r for k, r in self.rows.items() if r.worker != worker}
 
     async def running_batches_by_model(self) -> dict[str, int]:

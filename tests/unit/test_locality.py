@@ -67,3 +67,26 @@ def test_room_bounds_each_replica_so_none_idles() -> None:
     # Beyond every replica's room, the one with the most room left takes it.
     picks = assign([one] * 5, ["a", "b"], [1, 2])
     assert Counter(picks)[0] + Counter(picks)[1] == 5
+
+
+def test_a_replica_that_leaves_or_joins_moves_only_the_prefixes_it_must() -> None:
+    """Rendezvous hashing under churn (docs/fleet.md): when a replica leaves, only its own
+    prefixes move; when one joins, only the prefixes it now wins move, about one in n."""
+    keys = [prefix_key(line(("system", f"prompt {g}"), ("user", "q"))) for g in range(4000)]
+    room = [len(keys)] * 4  # room for all: where each prefix goes by its hash alone
+
+    def placed(replicas: list[str]) -> dict[bytes, str]:
+        picks = assign(keys, replicas, room[: len(replicas)])
+        return {key: replicas[pick] for key, pick in zip(keys, picks, strict=True)}
+
+    three = placed(["r@a", "r@b", "r@c"])
+    left = placed(["r@a", "r@c"])
+    moved = [k for k in keys if three[k] != left[k]]
+    assert all(three[k] == "r@b" for k in moved), "only the leaver's prefixes move"
+    assert len(moved) == sum(1 for k in keys if three[k] == "r@b")
+    assert 0.28 < len(moved) / len(keys) < 0.39  # about a third
+
+    joined = placed(["r@a", "r@b", "r@c", "r@d"])
+    moved = [k for k in keys if three[k] != joined[k]]
+    assert all(joined[k] == "r@d" for k in moved), "prefixes move only to the newcomer"
+    assert 0.21 < len(moved) / len(keys) < 0.29  # about a quarter

@@ -170,7 +170,7 @@ class _NoStore:
     async def engine_reports(self, now: float) -> list[EngineReport]:
         return []
 
-    async def forget_engines(self, worker: str) -> None:
+    async def forget_engines(self, worker: str, engine: str | None = None) -> None:
         pass
 
     async def running_batches_by_model(self) -> dict[str, int]:

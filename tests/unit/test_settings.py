@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -15,6 +16,7 @@ from backfill.domain.money import Prices
 from backfill.settings import (
     FLAT_KEYS,
     DeploymentSettings,
+    EngineSettings,
     ModelSettings,
     OutboundPolicy,
     PricingSettings,
@@ -229,3 +231,25 @@ def test_image_fetches_and_webhooks_share_one_outbound_policy(tmp_path: Path) ->
     assert isinstance(hooks.ssl_context, ssl.SSLContext)
     images = FetchPolicy.outbound(settings.fetch, max_bytes=1024, connect_timeout_s=1.0)
     assert (images.allow_http, images.allow_private, images.ssl_context) == (False, True, None)
+
+
+def test_an_engine_found_by_name_needs_a_name_to_resolve_and_no_single_address() -> None:
+    spec = EngineSettings(
+        name="qwen",
+        base_url="http://qwen-7b.models.svc:8000/v1",
+        models=["qwen"],
+        discovery="dns",
+        discovery_nameservers=["10.96.0.10", "127.0.0.1:5353", "[fd00::a]:53"],
+    )
+    assert spec.nameservers() == [("10.96.0.10", 53), ("127.0.0.1", 5353), ("fd00::a", 53)]
+    refusals: dict[str, dict[str, Any]] = {
+        "remove command": {"command": ["vllm", "serve"]},
+        "remove metrics_url": {"metrics_url": "http://qwen-7b.models.svc:8000/metrics"},
+        "needs base_url with the name": {"base_url": ""},
+        "'dns.internal' is not an address": {"discovery_nameservers": ["dns.internal"]},
+    }
+    for message, change in refusals.items():
+        values: dict[str, Any] = {"name": "qwen", "models": ["qwen"], "discovery": "dns"}
+        values["base_url"] = "http://qwen-7b.models.svc:8000/v1"
+        with pytest.raises(ValidationError, match=message):
+            EngineSettings(**(values | change))

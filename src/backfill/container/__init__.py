@@ -9,6 +9,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
@@ -23,6 +24,7 @@ from backfill.adapters.blobs.master import (
 from backfill.adapters.blobs.raw import LocalRawStore, RawStore
 from backfill.adapters.clock import SystemClock
 from backfill.adapters.db.store import SqlStore
+from backfill.adapters.engines.dns import DnsReplicas
 from backfill.adapters.engines.managed import ManagedProcess, llama_cpp_command
 from backfill.adapters.engines.openai_http import OpenAIHttpEngine
 from backfill.adapters.engines.pressure import Flavor, MetricsProbe
@@ -40,6 +42,7 @@ from backfill.domain.notifications import RetrySchedule
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, SharedTargets
 from backfill.metrics import Metrics
 from backfill.ports import Clock, Engine, PressureProbe, PriorityProbe, Sealer
+from backfill.runner.discovery import DiscoveredEngine, Replica, replica_name
 from backfill.runner.engine_pool import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker
@@ -181,6 +184,8 @@ class _Engines:
     processes: list[ManagedProcess] = field(default_factory=list)
     on_demand: dict[str, ManagedProcess] = field(default_factory=dict)
     sharing: Sharing | None = None
+    # Entries whose replicas are found by name, while the worker runs.
+    discovered: list[DiscoveredEngine] = field(default_factory=list)
 
 
 def _engines(settings: Settings) -> _Engines:
@@ -209,36 +214,71 @@ def _engines(settings: Settings) -> _Engines:
             processes.append(process)
         engines.append(engine)
     for spec in settings.engines:
+        if spec.discovery != "none":
+            built.discovered.append(_discovered(spec))
+            continue
         base_url = spec.base_url
         if spec.command:
             process = ManagedProcess(spec.name, spec.command)
             processes.append(process)
             base_url = process.base_url
-        engine = OpenAIHttpEngine(
-            spec.name,
-            base_url,
-            {m: spec.served_names.get(m, m) for m in spec.models},
-            max_concurrency=spec.max_concurrency,
-            request_timeout_s=spec.request_timeout_s,
-            connect_timeout_s=spec.connect_timeout_s,
-            api_key=spec.api_key,
-            priority=spec.priority,
-        )
-        engines.append(engine)
-        limits[spec.name] = _limit(spec)
-        if spec.mode == Mode.SHARED and spec.signal != "latency":
-            flavor = None if spec.signal == "auto" else Flavor(spec.signal)
-            probes[spec.name] = MetricsProbe(spec.metrics_url or engine.metrics_url, flavor)
-            priority = _priority_probe(spec, engine)
-            if priority is not None:
-                priority_probes[spec.name] = priority
+        replica = _http_engine(spec, spec.name, base_url)
+        engines.append(replica.engine)
+        limits[spec.name] = replica.limit
+        if replica.probe is not None:
+            probes[spec.name] = replica.probe
+        if replica.priority is not None:
+            priority_probes[spec.name] = replica.priority
     built.sharing = Sharing(
         limits, probes, settings.worker.pressure_interval_s, priority_probes=priority_probes
     )
     return built
 
 
-def _priority_probe(spec: EngineSettings, engine: OpenAIHttpEngine) -> PriorityProbe | None:
+def _http_engine(spec: EngineSettings, name: str, base_url: str) -> Replica:
+    """The engine an entry names at ``base_url`` (one of its replicas, when they are found
+    by name), with its own limit and probes: every replica's load is its own."""
+    engine = OpenAIHttpEngine(
+        name,
+        base_url,
+        {m: spec.served_names.get(m, m) for m in spec.models},
+        max_concurrency=spec.max_concurrency,
+        request_timeout_s=spec.request_timeout_s,
+        connect_timeout_s=spec.connect_timeout_s,
+        api_key=spec.api_key,
+        priority=spec.priority,
+    )
+    probe = priority = None
+    if spec.mode == Mode.SHARED and spec.signal != "latency":
+        flavor = None if spec.signal == "auto" else Flavor(spec.signal)
+        metrics_url = spec.metrics_url or engine.metrics_url
+        probe = MetricsProbe(metrics_url, flavor)
+        priority = _priority_probe(spec, engine, metrics_url)
+    return Replica(engine, _limit(spec), probe, priority)
+
+
+def _discovered(spec: EngineSettings) -> DiscoveredEngine:
+    """An entry whose replicas are the addresses its base_url's host resolves to."""
+    where = urlsplit(spec.base_url)
+    port = where.port or (443 if where.scheme == "https" else 80)
+    finder = DnsReplicas(
+        where.hostname or "",
+        port,
+        srv=spec.discovery == "dns-srv",
+        nameservers=spec.nameservers(),
+    )
+
+    def build(address: str, port: int) -> Replica:
+        host = f"[{address}]" if ":" in address else address
+        base_url = urlunsplit(where._replace(netloc=f"{host}:{port}"))
+        return _http_engine(spec, replica_name(spec.name, address, port), base_url)
+
+    return DiscoveredEngine(spec.name, tuple(spec.models), finder, spec.discovery_interval_s, build)
+
+
+def _priority_probe(
+    spec: EngineSettings, engine: OpenAIHttpEngine, metrics_url: str
+) -> PriorityProbe | None:
     """Whether the engine applies the ``priority`` Backfill sends is found out where that can
     be measured: a priority to check, the slots to fill (``slots``) and vLLM's load gauges
     (signal auto or vllm; SGLang's priorities work otherwise)."""
@@ -252,7 +292,7 @@ def _priority_probe(spec: EngineSettings, engine: OpenAIHttpEngine) -> PriorityP
         spec.served_names.get(model, model),
         spec.slots,
         spec.priority,
-        metrics_url=spec.metrics_url or engine.metrics_url,
+        metrics_url=metrics_url,
         headers={"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None,
     )
 
@@ -428,6 +468,7 @@ def build(
                 _media_fetcher(settings),
                 _notifier(settings, store, webhooks, keyring, clock, metrics),
                 name=_worker_name(),
+                discovered=built.discovered,
             ),
             settings.worker,
             limits=settings.limits,

@@ -9,6 +9,7 @@ from backfill.domain import ids
 from backfill.metrics import Metrics
 from backfill.ports import BlobStore, Catalog, Clock, Engine, MediaFetcher, Sealer, Switch
 from backfill.runner.attempts import Attempts, RetryPolicy
+from backfill.runner.discovery import DiscoveredEngine, ReplicaSet
 from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engine_pool import EnginePool, Sharing
 from backfill.runner.engine_reports import EngineReports
@@ -55,6 +56,8 @@ class WorkerInputs:
     notifier: Notifier | None = None
     # Tells this worker's engine reports from other workers' (default: random).
     name: str | None = None
+    # Entries whose replicas are found by name while the worker runs.
+    discovered: Sequence[DiscoveredEngine] = ()
 
 
 def build_worker(
@@ -183,6 +186,7 @@ def build_worker(
             pool=pool,
             reports=reports,
             on_demand=OnDemand(pool, store, clock=clock),
+            discovered=[ReplicaSet(pool, entry) for entry in given.discovered],
             dispatcher=dispatcher,
             charger=GpuCharger(meter, store, dispatcher.pause),
             lifecycle=lifecycle,

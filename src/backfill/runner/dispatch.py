@@ -77,13 +77,19 @@ class Dispatcher:
         self._asked = False
         self._gather_s = gather_s
         self._paused: set[str] = set()
-        # Engines that serve the same models are replicas: they claim as one when locality
-        # is on, each on its own otherwise (round robin, in effect).
+        self._locality = locality
+
+    def _groups(self) -> list[list[EngineSlot]]:
+        """Engines that serve the same models are replicas: they claim as one when locality
+        is on, each on its own otherwise (round robin, in effect). Found at every claim, as
+        replicas join and leave."""
         groups: dict[tuple[str, ...], list[EngineSlot]] = {}
-        for n, slot in enumerate(pool.slots):
-            key = tuple(sorted(slot.engine.models)) if locality else (str(n),)
+        for n, slot in enumerate(self._pool.slots):
+            if slot.retired:
+                continue
+            key = tuple(sorted(slot.engine.models)) if self._locality else (str(n),)
             groups.setdefault(key, []).append(slot)
-        self._groups = list(groups.values())
+        return list(groups.values())
 
     async def round(self) -> None:
         """Claim once; when nothing was claimed, wait for capacity or new work (or a poll)."""
@@ -114,10 +120,13 @@ class Dispatcher:
             # without credit; this set drops what was claimed before its credit ran out).
             balances = await self._ledger.balances(sorted(self._paused))
             self._paused = {org for org, balance in balances.items() if balance <= 0}
-        # Claimed for an engine gone down since: back to the queue, for a replica that is up.
-        self._drop(lambda _batch: True, [s for s in self._pool.slots if not s.healthy])
+        # Claimed for an engine gone down or away since: back to the queue, for a replica
+        # that is up.
+        gone = [s for s in self._pool.slots if not s.healthy or s.retired]
+        self._drop(lambda _batch: True, gone)
+        await self._pool.reap()
         claimed = 0
-        for slots in self._groups:
+        for slots in self._groups():
             if len(slots) == 1:
                 claimed += await self._claim_for(slots[0])
             else:

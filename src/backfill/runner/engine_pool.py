@@ -40,6 +40,20 @@ class Sharing:
     the priority is found out once, while they are idle."""
 
 
+@dataclass(slots=True)
+class _Probes:
+    pressure: PressureProbe
+    priority: PriorityProbe | None
+    task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.pressure.close()
+
+
 class EnginePool:
     """Every engine's slot, their health watch, and the wake-up that tells the dispatcher
     capacity freed up (or work arrived)."""
@@ -62,20 +76,16 @@ class EnginePool:
         self._recheck = asyncio.Event()
         self._sharing = sharing or Sharing()
         limits, switches = self._sharing.limits, switches or {}
-        self.slots = [
-            EngineSlot(
-                e,
-                start,
-                self._woken.set,
-                limits.get(e.name),
-                switches.get(e.name),
-                clock=clock,
-                remind_s=remind_s,
-                changed=self._health_moved,
-            )
-            for e in engines
-        ]
+        self._start = start
+        self._remind_s = remind_s
+        self.slots = [self._slot(e, limits.get(e.name), switches.get(e.name)) for e in engines]
         self._tasks: list[asyncio.Task[None]] = []
+        # Each engine's pressure probe, its priority probe and the task that reads them (once
+        # started), by engine name.
+        self._probes: dict[str, _Probes] = {}
+        for name, probe in self._sharing.probes.items():
+            self._probes[name] = _Probes(probe, self._sharing.priority_probes.get(name))
+        self._started = False
         # Told when a health check changes what it says about an engine. It must not block:
         # the worker's report writer stores the change from its own loop, so neither a slow
         # database nor stopping the watch can hold up the checks or cut a write short.
@@ -99,13 +109,77 @@ class EnginePool:
             await asyncio.wait_for(self._woken.wait(), timeout_s)
         return self._woken.is_set()
 
+    def _slot(
+        self, engine: Engine, limit: ConcurrencyLimit | None, switch: Switch | None
+    ) -> EngineSlot:
+        return EngineSlot(
+            engine,
+            self._start,
+            self._woken.set,
+            limit,
+            switch,
+            clock=self._clock,
+            remind_s=self._remind_s,
+            changed=self._health_moved,
+        )
+
     def start(self) -> None:
+        self._started = True
         self._tasks.append(asyncio.create_task(self._watch(), name="engine-health"))
         for slot in self.slots:
-            probe = self._sharing.probes.get(slot.engine.name)
-            if probe is not None:
-                name = f"engine-pressure-{slot.engine.name}"
-                self._tasks.append(asyncio.create_task(self._probe(slot, probe), name=name))
+            if slot.engine.name in self._probes:
+                self._follow(slot)
+
+    def _follow(self, slot: EngineSlot) -> None:
+        name = slot.engine.name
+        probes = self._probes[name]
+        probes.task = asyncio.create_task(
+            self._probe(slot, probes.pressure, probes.priority), name=f"engine-pressure-{name}"
+        )
+
+    def add(
+        self,
+        engine: Engine,
+        limit: ConcurrencyLimit | None = None,
+        probe: PressureProbe | None = None,
+        priority: PriorityProbe | None = None,
+    ) -> EngineSlot:
+        """An engine found while running (a replica that joined): like the others, it gets
+        work once a health check finds it up, which the watch does at once."""
+        if any(s.engine.name == engine.name for s in self.slots):
+            raise ValueError(f"engine {engine.name} is in the pool already")
+        slot = self._slot(engine, limit, None)
+        self.slots.append(slot)
+        if probe is not None:
+            self._probes[engine.name] = _Probes(probe, priority)
+            if self._started:
+                self._follow(slot)
+        self._health_moved()
+        self.recheck()
+        return slot
+
+    def retire(self, name: str) -> None:
+        """An engine gone (a replica that left): it takes no more work, its claimed backlog
+        goes back to the queue at the next dispatch, what runs there ends (or fails and is
+        retried elsewhere), and then ``reap`` removes it."""
+        for slot in self.slots:
+            if slot.engine.name == name:
+                slot.retire()
+        self._health_moved()
+        self.wake()
+
+    async def reap(self) -> None:
+        """Remove retired engines with nothing left in flight or in their backlog."""
+        done = [s for s in self.slots if s.retired and not s.in_flight and not s.backlog]
+        if not done:
+            return
+        self.slots = [s for s in self.slots if s not in done]
+        for slot in done:
+            probes = self._probes.pop(slot.engine.name, None)
+            if probes is not None:
+                await probes.close()
+            await slot.engine.close()
+        self._health_moved()
 
     def recheck(self) -> None:
         """Look at every engine's health now (an engine was just started)."""
@@ -114,20 +188,22 @@ class EnginePool:
     async def _watch(self) -> None:
         while True:
             self._recheck.clear()
-            for slot in self.slots:
+            # A copy: engines join and leave while the checks are awaited.
+            for slot in [s for s in self.slots if not s.retired]:
                 await slot.check_unless_answered()
             # A parked engine is down on purpose: the others are not watched closer for it.
-            healthy = all(s.healthy or s.parked for s in self.slots)
+            healthy = all(s.healthy or s.parked or s.retired for s in self.slots)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), WATCH_S if healthy else _WATCH_DOWN_S)
 
-    async def _probe(self, slot: EngineSlot, probe: PressureProbe) -> None:
+    async def _probe(
+        self, slot: EngineSlot, probe: PressureProbe, priority: PriorityProbe | None
+    ) -> None:
         """Follow a shared engine's load from its metrics, as often as the settings say
         while they can be read, every few seconds while they cannot; not at all once the
         engine says it has none. First, where the engine has a priority probe, find out
         whether it applies the priority Backfill sends (tried while it is up, again while
         it is busy, a few times at most)."""
-        priority = self._sharing.priority_probes.get(slot.engine.name)
         tries, next_try = 0, 0.0
         while True:
             if priority is not None and slot.healthy and self._clock.monotonic() >= next_try:
@@ -185,7 +261,7 @@ class EnginePool:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for probes in self._probes.values():
+            await probes.close()
         for slot in self.slots:
             await slot.engine.close()
-        for probe in self._sharing.probes.values():
-            await probe.close()

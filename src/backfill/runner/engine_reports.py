@@ -62,6 +62,8 @@ class EngineReports:
         # Rows must be rewritten before their ``until``: the gap never outlasts the heartbeat.
         self._min_gap_s = min(min_gap_s, heartbeat_s)
         self._failing = False
+        # The engines the last write stored: one gone from the pool since loses its row.
+        self._stored: set[str] = set()
         self._dirty = asyncio.Event()
         self._last_write: float | None = None
         self._heartbeat_at = clock.monotonic() + heartbeat_s
@@ -73,6 +75,8 @@ class EngineReports:
         return [
             _report(slot, self.worker, until, priority.get(slot.engine.name))
             for slot in self._pool.slots
+            # A replica that left takes no work: it is not shown while its requests end.
+            if not slot.retired
         ]
 
     def changed(self) -> None:
@@ -110,6 +114,10 @@ class EngineReports:
         reports = [r for r in self.current() if r.checked_at is not None]
         try:
             await self._store.report_engines(reports, self._clock.now())
+            pooled = {slot.engine.name for slot in self._pool.slots if not slot.retired}
+            for gone in sorted(self._stored - pooled):
+                await self._store.forget_engines(self.worker, gone)
+            self._stored = {r.engine for r in reports} | (self._stored & pooled)
         except Exception as exc:  # the database may be down; the writer must not stop
             if not self._failing:
                 log.warning(

@@ -68,6 +68,9 @@ class EngineSlot:
         self.sends = Sends()
         self._backlog: deque[Queued] = deque()
         self._resume: asyncio.TimerHandle | None = None
+        # Gone from the fleet (a replica that left): it starts nothing more, and is removed
+        # once what runs there ended.
+        self.retired = False
 
     @property
     def limit(self) -> int:
@@ -108,7 +111,9 @@ class EngineSlot:
 
     @property
     def free(self) -> int:
-        return max(0, self.limit - self._in_flight) if self._health.healthy else 0
+        if not self._health.healthy or self.retired:
+            return 0
+        return max(0, self.limit - self._in_flight)
 
     @property
     def claim_threshold(self) -> int:
@@ -121,7 +126,7 @@ class EngineSlot:
     def wanted(self) -> int:
         """How many more items to claim for this engine now."""
         limit = self.limit
-        if not self._health.healthy or limit <= 0:
+        if not self._health.healthy or limit <= 0 or self.retired:
             return 0
         return max(0, limit + self.prefetch - self._in_flight - len(self._backlog))
 
@@ -191,6 +196,10 @@ class EngineSlot:
         """The limit moved: start what now fits, and claim more if it grew."""
         self._wake()
         self._fill()
+
+    def retire(self) -> None:
+        """Start nothing more here; the dispatcher gives the backlog back."""
+        self.retired = True
 
     def drop(self, where: Callable[[WorkBatch], bool]) -> list[Queued]:
         """Take the queued requests of the batches ``where`` selects out of the backlog; the

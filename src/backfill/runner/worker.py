@@ -12,7 +12,7 @@ and wires them: ``container/worker.py``).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from backfill.domain.engine_health import EngineReport
@@ -27,6 +27,7 @@ from backfill.ports import (
     WaitingWork,
     WorkQueue,
 )
+from backfill.runner.discovery import ReplicaSet
 from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engine_pool import EnginePool
 from backfill.runner.engine_reports import EngineReports
@@ -89,6 +90,8 @@ class WorkerParts:
     media: MediaFetcher | None
     # Only a worker alone on its database may take back every lease at start.
     sole_worker: bool
+    # Each entry whose replicas are found by name.
+    discovered: list[ReplicaSet] = field(default_factory=list)
 
 
 def work_arrived(pool: EnginePool, paces: Paces) -> None:
@@ -103,6 +106,8 @@ class Worker:
     def __init__(self, parts: WorkerParts) -> None:
         self.parts = parts
         self._loops = Loops()
+        # The engines whose gauges ``observe`` set last.
+        self._observed: set[str] = set()
 
     async def start(self) -> None:
         if self.parts.sole_worker:
@@ -119,6 +124,9 @@ class Worker:
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self.parts.notifier is not None:
             loops.poll("notify", self.parts.paces.notify, self.parts.notifier.step)
+        for replicas in self.parts.discovered:
+            entry = replicas.entry
+            loops.every(f"discovery-{entry.name}", entry.interval_s, replicas.look_up, at_once=True)
         if self.parts.on_demand.slots:
             loops.poll("engines-on-demand", self.parts.paces.on_demand, self.parts.on_demand.step)
         if self.parts.planner is not None:
@@ -153,7 +161,13 @@ class Worker:
     def observe(self) -> None:
         """Refresh the gauges the worker alone knows (scraped with /metrics)."""
         metrics = self.parts.metrics
-        for slot in self.parts.pool.slots:
+        slots = self.parts.pool.slots
+        # A replica that left is no longer shown.
+        names = {slot.engine.name for slot in slots}
+        for gone in self._observed - names:
+            metrics.forget_engine(gone)
+        self._observed = names
+        for slot in slots:
             name = slot.engine.name
             metrics.in_flight.labels(name).set(slot.in_flight)
             metrics.concurrency_limit.labels(name).set(slot.limit)

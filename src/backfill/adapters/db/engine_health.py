@@ -88,10 +88,13 @@ class EngineHealthQueries(SqlBase):
         async with self.engine.connect() as conn:
             return [report_from_row(row) for row in await conn.execute(query)]
 
-    async def forget_engines(self, worker: str) -> None:
+    async def forget_engines(self, worker: str, engine: str | None = None) -> None:
         h = t.engine_health
+        query = delete(h).where(h.c.worker == worker)
+        if engine is not None:
+            query = query.where(h.c.engine == engine)
         async with self.writing("forgetting engine health") as conn:
-            await conn.execute(delete(h).where(h.c.worker == worker))
+            await conn.execute(query)
 
     async def running_batches_by_model(self) -> dict[str, int]:
         b = t.batches
