@@ -121,17 +121,25 @@ def wait_http(
     raise RuntimeError(f"{url} did not answer within {timeout_s}s")
 
 
-def start_simulator(*args: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``backfill simulate`` on a free port with ``args``, once it answers: (process, base URL
-    ending in /v1). The tests start their simulator processes with it too."""
-    port = free_port()
+def start_simulator(
+    *args: str, host: str = "127.0.0.1", port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``backfill simulate`` on ``host`` at ``port`` (default: a free one) with ``args``, once
+    it answers: (process, base URL ending in /v1). The tests start their simulator processes
+    with it too."""
+    port = port or free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "backfill.cli", "simulate", "--port", str(port), *args],
+        [
+            sys.executable,
+            *("-m", "backfill.cli", "simulate"),
+            *("--host", host, "--port", str(port)),
+            *args,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_http(f"http://127.0.0.1:{port}/health", process)
-    return process, f"http://127.0.0.1:{port}/v1"
+    wait_http(f"http://{host}:{port}/health", process)
+    return process, f"http://{host}:{port}/v1"
 
 
 def spawn_up(config: Path, data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -8,7 +8,7 @@ import pytest
 
 from backfill.adapters.engines.dns import DnsReplicas
 from backfill.ports import DiscoveryFailed
-from tests.support.dns import DnsTable, dns_server
+from bench.dns_server import DnsTable, dns_server
 
 
 async def test_every_a_and_aaaa_address_is_a_replica_at_the_engine_port() -> None:

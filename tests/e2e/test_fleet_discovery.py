@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.common import start_backfill, wait_batch
+from bench.common import start_backfill, start_simulator, wait_batch
+from bench.dns_server import DnsTable, dns_server
 from tests.support import (
     ADMIN_TOKEN,
     SIM_MODEL,
@@ -28,10 +28,8 @@ from tests.support import (
     free_port,
     rows_of,
     submit,
-    wait_http,
     write_sim_config,
 )
-from tests.support.dns import DnsTable, dns_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -46,28 +44,9 @@ class Replicas:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, address: str) -> None:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "backfill.cli",
-                "simulate",
-                "--host",
-                address,
-                "--port",
-                str(self.port),
-                "--ttft-ms",
-                "20",
-                "--itl-ms",
-                "5",
-                "--output-tokens",
-                "16",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        args = ("--ttft-ms", "20", "--itl-ms", "5", "--output-tokens", "16")
+        process, _ = start_simulator(*args, host=address, port=self.port)
         self.processes[address] = process
-        wait_http(f"http://{address}:{self.port}/health", process)
 
     def kill(self, address: str) -> None:
         process = self.processes.pop(address)

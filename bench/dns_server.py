@@ -1,5 +1,6 @@
-"""A real DNS server on loopback, answering from a table the test changes (dnslib's server):
-replicas found by name are tested against the wire, not a mocked resolver."""
+"""A real DNS server on loopback, answering from a table the caller changes (dnslib's
+server): replicas found by name are tested and measured against the wire, not a mocked
+resolver (tests/e2e/test_fleet_discovery.py, bench/churn.py)."""
 
 from __future__ import annotations
 
