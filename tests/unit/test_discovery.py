@@ -141,3 +141,17 @@ async def test_a_name_with_no_address_left_is_a_fleet_scaled_to_zero(
     assert caplog.text.count("has no address") == 1, "said when it happens, not every lookup"
     await found.look_up()
     assert names(pool) == ["sim@10.0.0.3:8000"]
+
+
+async def test_a_replica_back_before_its_requests_ended_goes_on_in_the_same_slot() -> None:
+    pool, found, _ = replicas(frozenset({A}), frozenset(), frozenset({A}))
+    await found.look_up()
+    slot = pool.slots[0]
+    await slot.check()
+    slot.offer(work("batch_a", 2))
+    await found.look_up()
+    assert slot.retired
+    await found.look_up()
+    assert pool.slots == [slot]
+    assert not slot.retired
+    assert slot.wanted > 0, "it takes work again"

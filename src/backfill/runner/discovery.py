@@ -85,9 +85,12 @@ class ReplicaSet:
             log.info("engine %s: %s answers again", entry.name, entry.finder.name)
         self._failing = False
         for address, port in sorted(found - self.known):
-            replica = entry.build(address, port)
-            self._pool.add(replica.engine, replica.limit, replica.probe, replica.priority)
-            log.info("engine %s: replica %s joined", entry.name, replica.engine.name)
+            name = replica_name(entry.name, address, port)
+            # Back before the requests it had when it left ended: the same slot goes on.
+            if not self._pool.revive(name):
+                replica = entry.build(address, port)
+                self._pool.add(replica.engine, replica.limit, replica.probe, replica.priority)
+            log.info("engine %s: replica %s joined", entry.name, name)
         for address, port in sorted(self.known - found):
             name = replica_name(entry.name, address, port)
             self._pool.retire(name)

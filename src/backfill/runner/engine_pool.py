@@ -158,6 +158,17 @@ class EnginePool:
         self.recheck()
         return slot
 
+    def revive(self, name: str) -> bool:
+        """An engine that left and came back while its requests still ran there: it takes
+        work again as it is (True); False when no such engine waits to be removed."""
+        for slot in self.slots:
+            if slot.engine.name == name and slot.retired:
+                slot.retired = False
+                self._health_moved()
+                self.recheck()
+                return True
+        return False
+
     def retire(self, name: str) -> None:
         """An engine gone (a replica that left): it takes no more work, its claimed backlog
         goes back to the queue at the next dispatch, what runs there ends (or fails and is
