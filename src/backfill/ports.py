@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
+from backfill.domain.engine_config import StoredEngine
 from backfill.domain.engine_health import EngineReport, PriorityOutcome
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
@@ -700,6 +701,28 @@ class EngineHealthStore(Protocol):
         ...
 
 
+class EngineConfigStore(Protocol):
+    """Engines stored for every worker to serve (docs/fleet.md)."""
+
+    async def stored_engines(self) -> list[StoredEngine]:
+        """Every stored engine, by name."""
+        ...
+
+    async def stored_engine(self, name: str) -> StoredEngine | None: ...
+
+    async def create_engine(self, engine: StoredEngine) -> bool:
+        """Store a new engine; False when its name is taken."""
+        ...
+
+    async def write_engine(self, engine: StoredEngine) -> None:
+        """Store ``engine`` whether or not one of its name exists."""
+        ...
+
+    async def delete_engine(self, name: str) -> bool:
+        """Remove the engine; False when there was none."""
+        ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -713,6 +736,7 @@ class Store(
     NotificationStore,
     OverviewStore,
     EngineHealthStore,
+    EngineConfigStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

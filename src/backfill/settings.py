@@ -142,9 +142,9 @@ class EngineSettings(BaseModel):
     base_url: str = ""
     models: list[str]
     served_names: dict[str, str] = Field(default_factory=dict)
-    max_concurrency: int = 16
-    request_timeout_s: float = 600.0
-    connect_timeout_s: float = 5.0
+    max_concurrency: int = Field(default=16, ge=1)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
     api_key: str | None = None
     # A managed engine is started and supervised by Backfill from this command template;
     # ``{port}`` and ``{host}`` are filled in. Empty means the engine runs elsewhere.
@@ -350,6 +350,9 @@ class WorkerSettings(BaseModel):
     # Replicas of a model (engines serving the same models) claim together, and lines that
     # share a prompt prefix go to the same one, back to back (docs/scheduling.md).
     prefix_locality: bool = True
+    # How often the engines stored for every worker are read (docs/fleet.md): an engine added,
+    # changed or removed through the admin API is followed within this long.
+    engine_config_poll_s: float = Field(2.0, gt=0)
     # How often a shared engine's metrics are read while they can be.
     pressure_interval_s: float = Field(0.1, gt=0)
     # An engine that does not pass its health check is logged (a warning naming it, its URL and

@@ -215,11 +215,15 @@ async def in_process_backfill(
     *,
     clock: Clock | None = None,
     engines: list[Engine] | None = None,
+    stored_engines: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[InProcess]:
+    """Backfill in this loop on the simulator at ``sim_url``. Its engines are ``engines``, or
+    those of its settings; with ``stored_engines``, those stored for every worker, which the
+    settings seed, as ``backfill up`` serves them."""
     settings = sim_settings(tmp_path / "data", sim_url, **overrides)
     clock = clock or SystemClock()
-    if engines is None:
+    if engines is None and not stored_engines:
         engines = engines_of(settings)
     app_backfill = build(settings, clock=clock, engines=engines)
     await app_backfill.start()

@@ -27,6 +27,7 @@ from backfill.cli.common import (
     run_admin,
     to_json,
 )
+from backfill.cli.engines import engine_add, engine_remove, engine_set, engine_show
 from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
@@ -56,7 +57,14 @@ key_app = typer.Typer(help="API keys.", no_args_is_help=True)
 credit_app = typer.Typer(help="Credit.", no_args_is_help=True)
 model_app = typer.Typer(help="Catalog models and their batch prices.", no_args_is_help=True)
 deployment_app = typer.Typer(help="Private deployments (billed by GPU time).", no_args_is_help=True)
-engine_app = typer.Typer(help="Configured engines.", no_args_is_help=True)
+engine_app = typer.Typer(
+    help="Engines: their health, and those stored for every worker (add, set, remove, show).",
+    no_args_is_help=True,
+)
+engine_app.command("add")(engine_add)
+engine_app.command("set")(engine_set)
+engine_app.command("remove")(engine_remove)
+engine_app.command("show")(engine_show)
 app.add_typer(org_app, name="org")
 app.add_typer(key_app, name="key")
 app.add_typer(credit_app, name="credit")
@@ -397,7 +405,15 @@ def _engines_table(reports: list[EngineReport]) -> Table:
 
 def _configured(config: Path | None, data: Path | None) -> str:
     settings = admin_settings(config, data)
-    names = [f"{e.name} ({e.base_url or 'managed'})" for e in settings.engines]
+    stored = read_admin(settings, lambda b: b.services.engines.all())
+    names = [f"{e.name} ({e.spec.get('base_url', '')})" for e in stored]
+    # The file's, until a worker's start stores them.
+    known = {e.name for e in stored}
+    names += [
+        f"{e.name} ({'managed' if e.command else e.base_url})"
+        for e in settings.engines
+        if e.name not in known
+    ]
     if settings.local_engine:
         names.insert(0, f"{LOCAL_ENGINE} (managed llama.cpp serving {LOCAL_MODEL})")
     return ", ".join(names) or "none"

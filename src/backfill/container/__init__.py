@@ -34,7 +34,7 @@ from backfill.adapters.http.app import create_app
 from backfill.adapters.notify.smtp import SmtpMailer, SmtpSettings
 from backfill.adapters.notify.webhooks import SignedWebhooks
 from backfill.adapters.private import private_dir, tighten_file
-from backfill.container.worker import WorkerInputs, build_worker
+from backfill.container.worker import StoredEngineInputs, WorkerInputs, build_worker
 from backfill.domain.files import content_key
 from backfill.domain.input_format import Limits
 from backfill.domain.media import MediaLimits
@@ -51,6 +51,7 @@ from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.bundle import Services
 from backfill.services.catalog import CatalogService
+from backfill.services.engine_admin import EngineAdmin
 from backfill.services.engine_health import EngineHealth
 from backfill.services.error_codes import ErrorCodeService
 from backfill.services.files import FileService
@@ -184,8 +185,8 @@ class _Engines:
     processes: list[ManagedProcess] = field(default_factory=list)
     on_demand: dict[str, ManagedProcess] = field(default_factory=dict)
     sharing: Sharing | None = None
-    # Entries whose replicas are found by name, while the worker runs.
-    discovered: list[DiscoveredEngine] = field(default_factory=list)
+    # The config file's engines stored for every worker (those without a command).
+    stored: list[EngineSettings] = field(default_factory=list)
 
 
 def _engines(settings: Settings) -> _Engines:
@@ -214,15 +215,13 @@ def _engines(settings: Settings) -> _Engines:
             processes.append(process)
         engines.append(engine)
     for spec in settings.engines:
-        if spec.discovery != "none":
-            built.discovered.append(_discovered(spec))
+        if not spec.command:
+            # Served from the table every worker follows, which the file seeds.
+            built.stored.append(spec)
             continue
-        base_url = spec.base_url
-        if spec.command:
-            process = ManagedProcess(spec.name, spec.command)
-            processes.append(process)
-            base_url = process.base_url
-        replica = _http_engine(spec, spec.name, base_url)
+        process = ManagedProcess(spec.name, spec.command)
+        processes.append(process)
+        replica = _http_engine(spec, spec.name, process.base_url)
         engines.append(replica.engine)
         limits[spec.name] = replica.limit
         if replica.probe is not None:
@@ -255,6 +254,23 @@ def _http_engine(spec: EngineSettings, name: str, base_url: str) -> Replica:
         probe = MetricsProbe(metrics_url, flavor)
         priority = _priority_probe(spec, engine, metrics_url)
     return Replica(engine, _limit(spec), probe, priority)
+
+
+def _stored_engine(spec: EngineSettings) -> Replica | DiscoveredEngine:
+    """An engine stored for every worker: at its address, or its replicas found by name."""
+    if spec.discovery != "none":
+        return _discovered(spec)
+    return _http_engine(spec, spec.name, spec.base_url)
+
+
+def _reserved(settings: Settings) -> list[str]:
+    """Engines only this process's file runs: the bundled ones and those with a command."""
+    names = [spec.name for spec in settings.engines if spec.command]
+    if settings.local_engine:
+        names.append(LOCAL_ENGINE)
+    if settings.serves_local_embeddings:
+        names.append(LOCAL_EMBEDDING_ENGINE)
+    return names
 
 
 def _discovered(spec: EngineSettings) -> DiscoveredEngine:
@@ -436,6 +452,9 @@ def build(
     worker: Worker | None = None
     starter = BatchStarter(store, files, clock)
     built = _Engines()
+    engine_admin = EngineAdmin(store, keyring, clock, reserved=_reserved(settings))
+    # Engines given in code (the tests') are this worker's alone: nothing stored is served.
+    stored_engines = engines is None
     if role in ("all", "worker"):
         if engines is None:
             built = _engines(settings)
@@ -468,7 +487,9 @@ def build(
                 _media_fetcher(settings),
                 _notifier(settings, store, webhooks, keyring, clock, metrics),
                 name=_worker_name(),
-                discovered=built.discovered,
+                stored=StoredEngineInputs(engine_admin, _stored_engine, built.stored)
+                if stored_engines
+                else None,
             ),
             settings.worker,
             limits=settings.limits,
@@ -515,6 +536,7 @@ def build(
         account=AccountService(store, store),
         fleet=fleet,
         error_codes=ErrorCodeService(store, keyring, files),
+        engines=engine_admin,
     )
     return Backfill(
         settings,

@@ -9,7 +9,6 @@ from backfill.domain import ids
 from backfill.metrics import Metrics
 from backfill.ports import BlobStore, Catalog, Clock, Engine, MediaFetcher, Sealer, Switch
 from backfill.runner.attempts import Attempts, RetryPolicy
-from backfill.runner.discovery import DiscoveredEngine, ReplicaSet
 from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engine_pool import EnginePool, Sharing
 from backfill.runner.engine_reports import EngineReports
@@ -24,12 +23,14 @@ from backfill.runner.loops import Pace
 from backfill.runner.notify import Notifier
 from backfill.runner.on_demand import ON_DEMAND_CHECK_S, OnDemand
 from backfill.runner.request import RequestRunner
+from backfill.runner.stored_engines import Build, StoredEngines
 from backfill.runner.validating import ValidatingTakeover
 from backfill.runner.worker import Paces, Worker, WorkerParts, WorkerStore, work_arrived
 from backfill.services.batches import BatchStarter
+from backfill.services.engine_admin import EngineAdmin
 from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
-from backfill.settings import FetchSettings, LimitsSettings, WorkerSettings
+from backfill.settings import EngineSettings, FetchSettings, LimitsSettings, WorkerSettings
 
 # The longest the GPU-time charging loop sleeps while no request of a private deployment runs
 # (a request that starts wakes it).
@@ -56,8 +57,15 @@ class WorkerInputs:
     notifier: Notifier | None = None
     # Tells this worker's engine reports from other workers' (default: random).
     name: str | None = None
-    # Entries whose replicas are found by name while the worker runs.
-    discovered: Sequence[DiscoveredEngine] = ()
+    # The engines stored for every worker, and the config file's that seed them.
+    stored: StoredEngineInputs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEngineInputs:
+    admin: EngineAdmin
+    build: Build
+    file: Sequence[EngineSettings] = ()
 
 
 def build_worker(
@@ -186,7 +194,16 @@ def build_worker(
             pool=pool,
             reports=reports,
             on_demand=OnDemand(pool, store, clock=clock),
-            discovered=[ReplicaSet(pool, entry) for entry in given.discovered],
+            stored=None
+            if given.stored is None
+            else StoredEngines(
+                pool,
+                given.stored.admin,
+                given.stored.build,
+                clock,
+                poll_s=config.engine_config_poll_s,
+                file=given.stored.file,
+            ),
             dispatcher=dispatcher,
             charger=GpuCharger(meter, store, dispatcher.pause),
             lifecycle=lifecycle,

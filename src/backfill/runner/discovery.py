@@ -104,3 +104,9 @@ class ReplicaSet:
             )
         self.known = found
         self._looked_up = True
+
+    def leave_all(self) -> None:
+        """The entry itself is gone (removed, disabled or changed): every replica leaves."""
+        for address, port in sorted(self.known):
+            self._pool.retire(replica_name(self.entry.name, address, port))
+        self.known = frozenset()

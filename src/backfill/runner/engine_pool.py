@@ -81,10 +81,15 @@ class EnginePool:
         self.slots = [self._slot(e, limits.get(e.name), switches.get(e.name)) for e in engines]
         self._tasks: list[asyncio.Task[None]] = []
         # Each engine's pressure probe, its priority probe and the task that reads them (once
-        # started), by engine name.
-        self._probes: dict[str, _Probes] = {}
-        for name, probe in self._sharing.probes.items():
-            self._probes[name] = _Probes(probe, self._sharing.priority_probes.get(name))
+        # started), by slot: an engine changed at run time is a new slot under the same name
+        # while the old one drains.
+        self._probes: dict[EngineSlot, _Probes] = {}
+        for slot in self.slots:
+            probe = self._sharing.probes.get(slot.engine.name)
+            if probe is not None:
+                self._probes[slot] = _Probes(
+                    probe, self._sharing.priority_probes.get(slot.engine.name)
+                )
         self._started = False
         # Told when a health check changes what it says about an engine. It must not block:
         # the worker's report writer stores the change from its own loop, so neither a slow
@@ -126,15 +131,14 @@ class EnginePool:
     def start(self) -> None:
         self._started = True
         self._tasks.append(asyncio.create_task(self._watch(), name="engine-health"))
-        for slot in self.slots:
-            if slot.engine.name in self._probes:
-                self._follow(slot)
+        for slot in self._probes:
+            self._follow(slot)
 
     def _follow(self, slot: EngineSlot) -> None:
-        name = slot.engine.name
-        probes = self._probes[name]
+        probes = self._probes[slot]
         probes.task = asyncio.create_task(
-            self._probe(slot, probes.pressure, probes.priority), name=f"engine-pressure-{name}"
+            self._probe(slot, probes.pressure, probes.priority),
+            name=f"engine-pressure-{slot.engine.name}",
         )
 
     def add(
@@ -144,14 +148,15 @@ class EnginePool:
         probe: PressureProbe | None = None,
         priority: PriorityProbe | None = None,
     ) -> EngineSlot:
-        """An engine found while running (a replica that joined): like the others, it gets
-        work once a health check finds it up, which the watch does at once."""
-        if any(s.engine.name == engine.name for s in self.slots):
+        """An engine found while running (a replica that joined, an engine added or changed
+        through the admin API): like the others, it gets work once a health check finds it
+        up, which the watch does at once. A retired one of the same name may still drain."""
+        if any(s.engine.name == engine.name and not s.retired for s in self.slots):
             raise ValueError(f"engine {engine.name} is in the pool already")
         slot = self._slot(engine, limit, None)
         self.slots.append(slot)
         if probe is not None:
-            self._probes[engine.name] = _Probes(probe, priority)
+            self._probes[slot] = _Probes(probe, priority)
             if self._started:
                 self._follow(slot)
         self._health_moved()
@@ -186,7 +191,7 @@ class EnginePool:
             return
         self.slots = [s for s in self.slots if s not in done]
         for slot in done:
-            probes = self._probes.pop(slot.engine.name, None)
+            probes = self._probes.pop(slot, None)
             if probes is not None:
                 await probes.close()
             await slot.engine.close()

@@ -12,7 +12,7 @@ and wires them: ``container/worker.py``).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from backfill.domain.engine_health import EngineReport
@@ -27,7 +27,6 @@ from backfill.ports import (
     WaitingWork,
     WorkQueue,
 )
-from backfill.runner.discovery import ReplicaSet
 from backfill.runner.dispatch import Dispatcher
 from backfill.runner.engine_pool import EnginePool
 from backfill.runner.engine_reports import EngineReports
@@ -40,6 +39,7 @@ from backfill.runner.loops import Loops, Pace, end_within
 from backfill.runner.notify import Notifier
 from backfill.runner.on_demand import OnDemand
 from backfill.runner.request import RequestRunner
+from backfill.runner.stored_engines import StoredEngines
 from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
 from backfill.settings import WorkerSettings
@@ -90,8 +90,8 @@ class WorkerParts:
     media: MediaFetcher | None
     # Only a worker alone on its database may take back every lease at start.
     sole_worker: bool
-    # Each entry whose replicas are found by name.
-    discovered: list[ReplicaSet] = field(default_factory=list)
+    # The engines stored for every worker (None: the engines given are all there is).
+    stored: StoredEngines | None = None
 
 
 def work_arrived(pool: EnginePool, paces: Paces) -> None:
@@ -114,6 +114,9 @@ class Worker:
             await self.parts.leases.release_all()
         self.parts.results.start()
         self.parts.pool.start()
+        if self.parts.stored is not None:
+            # Before the first claim: the engines it claims for are the stored ones.
+            await self.parts.stored.start()
         config, loops = self.parts.config, self._loops
         loops.repeat("dispatch", self.parts.dispatcher.round)
         loops.poll("lifecycle", self.parts.paces.lifecycle, self._lifecycle_step)
@@ -124,9 +127,13 @@ class Worker:
         loops.every("janitor", config.janitor_interval_s, self._tidy)
         if self.parts.notifier is not None:
             loops.poll("notify", self.parts.paces.notify, self.parts.notifier.step)
-        for replicas in self.parts.discovered:
-            entry = replicas.entry
-            loops.every(f"discovery-{entry.name}", entry.interval_s, replicas.look_up, at_once=True)
+        stored = self.parts.stored
+        if stored is not None:
+
+            async def follow_stored() -> None:
+                await loops.pause(await stored.step())
+
+            loops.repeat("stored-engines", follow_stored)
         if self.parts.on_demand.slots:
             loops.poll("engines-on-demand", self.parts.paces.on_demand, self.parts.on_demand.step)
         if self.parts.planner is not None:

@@ -8,6 +8,7 @@ from backfill.services.account import AccountService
 from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
+from backfill.services.engine_admin import EngineAdmin
 from backfill.services.error_codes import ErrorCodeService
 from backfill.services.files import FileService
 from backfill.services.fleet import FleetService
@@ -32,3 +33,4 @@ class Services:
     account: AccountService
     fleet: FleetService
     error_codes: ErrorCodeService
+    engines: EngineAdmin

@@ -10,6 +10,7 @@ from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
 from backfill.adapters.db.demand import DemandQueries
+from backfill.adapters.db.engine_configs import EngineConfigQueries
 from backfill.adapters.db.engine_health import EngineHealthQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
@@ -29,6 +30,7 @@ class SqlStore(
     ClaimQueries,
     DemandQueries,
     EndedBatchQueries,
+    EngineConfigQueries,
     EngineHealthQueries,
     FileQueries,
     FinalizeQueries,

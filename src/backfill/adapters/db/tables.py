@@ -424,6 +424,19 @@ singletons = Table(
 # Each worker's view of its engines (domain/engine_health.py), so that API processes without a
 # worker show engine health too. Written when a health check changes what it says and at every
 # lease heartbeat; a row whose ``until`` passed belongs to a worker that stopped reporting.
+# Engines every worker serves, managed at run time (docs/fleet.md): each one's settings as
+# the config file's [[engines]] table writes them, its API key sealed under the master key.
+engines = Table(
+    "engines",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("spec", JSON, nullable=False),
+    Column("api_key_sealed", LargeBinary),
+    Column("enabled", Boolean, nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 engine_health = Table(
     "engine_health",
     metadata,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
@@ -12,11 +12,13 @@ from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import api_key_object, list_object, model_object
 from backfill.adapters.http.responses import json_response
+from backfill.domain.engine_config import StoredEngine
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import Endpoint
 from backfill.domain.records import ApiKey, Ledger, Org
 from backfill.services.bundle import Services
+from backfill.services.engine_admin import EngineAdmin
 from backfill.services.notifications import SigningSecret
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
@@ -232,6 +234,50 @@ def engine_object(report: EngineReport) -> dict[str, Any]:
 async def list_engines(_: Admin, svc: Svc) -> Response:
     engines = await svc.operations.engines()
     return json_response(list_object([engine_object(e) for e in engines], False))
+
+
+def stored_engine_object(admin: EngineAdmin, engine: StoredEngine) -> dict[str, Any]:
+    """An engine as stored for every worker (docs/fleet.md): its settings, defaults included,
+    and whether it has an API key, never the key."""
+    settings = admin.settings(engine).model_dump(mode="json", exclude={"name", "api_key"})
+    return {
+        "id": engine.name,
+        "object": "engine.settings",
+        "enabled": engine.enabled,
+        "source": engine.source.value,
+        "updated_at": int(engine.updated_at),
+        "has_api_key": engine.api_key_sealed is not None,
+        **settings,
+    }
+
+
+@router.get("/engine_settings")
+async def list_stored_engines(_: Admin, svc: Svc) -> Response:
+    engines = [stored_engine_object(svc.engines, e) for e in await svc.engines.all()]
+    return json_response(list_object(engines, False))
+
+
+@router.post("/engines")
+async def add_engine(body: Annotated[dict[str, Any], Body()], _: Admin, svc: Svc) -> Response:
+    return json_response(stored_engine_object(svc.engines, await svc.engines.add(body)))
+
+
+@router.get("/engines/{name}")
+async def get_engine(name: str, _: Admin, svc: Svc) -> Response:
+    return json_response(stored_engine_object(svc.engines, await svc.engines.get(name)))
+
+
+@router.patch("/engines/{name}")
+async def change_engine(
+    name: str, body: Annotated[dict[str, Any], Body()], _: Admin, svc: Svc
+) -> Response:
+    return json_response(stored_engine_object(svc.engines, await svc.engines.change(name, body)))
+
+
+@router.delete("/engines/{name}")
+async def remove_engine(name: str, _: Admin, svc: Svc) -> Response:
+    await svc.engines.remove(name)
+    return json_response({"id": name, "object": "engine.deleted", "deleted": True})
 
 
 # ---- notifications (docs/notifications.md) ------------------------------------------------

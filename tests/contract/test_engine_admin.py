@@ -1,0 +1,111 @@
+"""Engines managed at run time, on SQLite and PostgreSQL (docs/fleet.md): validated as the
+config file's ``[[engines]]`` would be, stored with the API key sealed, changed and removed;
+and the config file seeds the table (the file wins for the names it lists, and its engines
+it no longer lists are removed)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from backfill.adapters.blobs.crypto import Keyring
+from backfill.adapters.clock import ManualClock
+from backfill.adapters.db.store import SqlStore
+from backfill.domain.engine_config import EngineSource
+from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.services.engine_admin import EngineAdmin
+from backfill.settings import EngineSettings
+
+VLLM = {"name": "vllm-a", "base_url": "http://10.0.0.5:8000/v1", "models": ["qwen"]}
+
+
+def admin_of(store: SqlStore, keyring: Keyring | None = None) -> EngineAdmin:
+    return EngineAdmin(
+        store, keyring or Keyring(os.urandom(32)), ManualClock(1_000.0), reserved=["local"]
+    )
+
+
+async def test_an_engine_is_stored_as_validated_with_its_key_sealed(store: SqlStore) -> None:
+    admin = admin_of(store)
+    added = await admin.add(VLLM | {"max_concurrency": 32, "api_key": "engine-secret"})
+    assert added.source == EngineSource.API
+    assert added.enabled
+    assert added.spec == {"base_url": VLLM["base_url"], "models": ["qwen"], "max_concurrency": 32}
+    assert added.api_key_sealed is not None
+    assert b"engine-secret" not in added.api_key_sealed
+    stored = await admin.get("vllm-a")
+    assert admin.api_key(stored) == "engine-secret"
+    assert admin.settings(stored).max_concurrency == 32
+    assert [e.name for e in await admin.all()] == ["vllm-a"]
+
+
+async def test_bad_engines_are_refused_naming_the_field(store: SqlStore) -> None:
+    admin = admin_of(store)
+    refusals: dict[str, dict[str, Any]] = {
+        "max_concurrency": VLLM | {"max_concurrency": 0},
+        "Unknown engine setting 'maxconcurrency'": VLLM | {"maxconcurrency": 4},
+        "'command' starts an engine": VLLM | {"command": ["vllm", "serve"]},
+        "'name' is required": {"base_url": "http://x/v1", "models": ["m"]},
+        "models": {"name": "x", "base_url": "http://x/v1"},
+        "'enabled' must be true or false": VLLM | {"enabled": "yes"},
+        "discovery needs base_url": VLLM | {"discovery": "dns", "base_url": ""},
+    }
+    for message, fields in refusals.items():
+        with pytest.raises(InvalidInput, match=message):
+            await admin.add(fields)
+    with pytest.raises(Conflict, match="runs from this process's config file"):
+        await admin.add(VLLM | {"name": "local"})
+    await admin.add(VLLM)
+    with pytest.raises(Conflict, match="stored already"):
+        await admin.add(VLLM)
+    assert [e.name for e in await admin.all()] == ["vllm-a"]
+
+
+async def test_a_change_keeps_what_it_does_not_name_and_a_removal_is_final(
+    store: SqlStore,
+) -> None:
+    admin = admin_of(store)
+    await admin.add(VLLM | {"api_key": "engine-secret", "mode": "shared"})
+    changed = await admin.change("vllm-a", {"max_concurrency": 8, "priority": 10})
+    assert admin.settings(changed).mode == "shared"
+    assert admin.api_key(changed) == "engine-secret", "a change that names no key keeps it"
+    assert changed.spec["priority"] == 10
+    disabled = await admin.change("vllm-a", {"enabled": False, "api_key": None})
+    assert not disabled.enabled
+    assert disabled.api_key_sealed is None
+    with pytest.raises(InvalidInput, match="max_concurrency"):
+        await admin.change("vllm-a", {"max_concurrency": -1})
+    with pytest.raises(InvalidInput, match="name cannot change"):
+        await admin.change("vllm-a", {"name": "vllm-b"})
+    await admin.remove("vllm-a")
+    with pytest.raises(NotFound):
+        await admin.get("vllm-a")
+    with pytest.raises(NotFound):
+        await admin.remove("vllm-a")
+    with pytest.raises(NotFound):
+        await admin.change("vllm-a", {"max_concurrency": 8})
+
+
+async def test_the_config_file_seeds_the_table_and_wins_for_its_names(store: SqlStore) -> None:
+    keyring = Keyring(os.urandom(32))
+    admin = admin_of(store, keyring)
+    in_file = EngineSettings.model_validate(VLLM | {"api_key": "k"})
+    managed = EngineSettings.model_validate(VLLM | {"name": "managed", "command": ["x"]})
+    await admin.add({"name": "from-api", "base_url": "http://10.0.0.9:8000/v1", "models": ["m"]})
+    await admin.seed([in_file, managed])
+    seeded = await admin.get("vllm-a")
+    assert seeded.source == EngineSource.FILE
+    assert admin.api_key(seeded) == "k"
+    assert {e.name for e in await admin.all()} == {"vllm-a", "from-api"}, "command engines stay"
+    # Another worker starting with the same file rewrites nothing (its key is not sealed again).
+    await admin_of(store, keyring).seed([in_file])
+    assert (await admin.get("vllm-a")).api_key_sealed == seeded.api_key_sealed
+    # A change through the API holds until a file listing the engine is read again.
+    await admin.change("vllm-a", {"max_concurrency": 4})
+    await admin.seed([in_file])
+    assert admin.settings(await admin.get("vllm-a")).max_concurrency == 16
+    # An engine the file no longer lists goes; those added through the API stay.
+    await admin.seed([])
+    assert [e.name for e in await admin.all()] == ["from-api"]
