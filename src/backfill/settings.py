@@ -184,6 +184,21 @@ class EngineSettings(BaseModel):
     discovery: Literal["none", "dns", "dns-srv"] = "none"
     discovery_interval_s: float = Field(default=10.0, gt=0)
     discovery_nameservers: list[str] = Field(default_factory=list)
+    # An engine with a command may run only while work waits for it (docs/fleet.md): started
+    # when its models have lines a claim could take, stopped after ``idle_stop_s`` without a
+    # request. Its start time is learnt and counted by deadlines.
+    on_demand: bool = False
+    idle_stop_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _on_demand(self) -> EngineSettings:
+        if self.on_demand and not self.command:
+            raise ValueError(
+                f"engine {self.name!r}: on_demand starts and stops the engine's process, so it "
+                "needs command; an engine that runs elsewhere is scaled by its own platform "
+                "(docs/fleet.md)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _discovered(self) -> EngineSettings:

@@ -72,3 +72,14 @@ def test_no_measured_rate_or_the_setting_off_refuses_nothing() -> None:
     huge = dataclasses.replace(batch(), total=10**9)
     check(snapshot(10**9, rps=None), huge, deadline_aware())
     check(snapshot(10**9), huge, admission())  # deadline_aware is off by default
+
+
+def test_an_engine_that_starts_on_demand_first_leaves_less_of_the_window() -> None:
+    # 9,000 requests fit the hour at 2.5/s; a 60 s start leaves room for 8,850.
+    check_deadline(0, dataclasses.replace(batch(), total=8_850), RPS, start_delay_s=60.0)
+    with pytest.raises(RateLimited) as refused:
+        check_deadline(0, dataclasses.replace(batch(), total=8_851), RPS, start_delay_s=60.0)
+    assert "its engine starts on demand first, in about 60 s" in refused.value.message
+    wait = dataclasses.replace(snapshot(0), start_delay_s=60.0)
+    with pytest.raises(RateLimited):
+        check(wait, dataclasses.replace(batch(), total=8_851), deadline_aware())

@@ -8,6 +8,8 @@ import pytest
 
 from backfill.domain.catalog import Billing
 from backfill.domain.engine_health import (
+    DEFAULT_START_S,
+    ENGINE_STARTING,
     MAX_REASON_CHARS,
     NO_HEALTHY_ENGINE,
     START_GRACE_S,
@@ -18,12 +20,14 @@ from backfill.domain.engine_health import (
     Note,
     NoteKind,
     model_health,
+    start_delays,
     waiting_on,
 )
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
 
 UP, DOWN, STANDBY = EngineState.UP, EngineState.DOWN, EngineState.STANDBY
+STARTING = EngineState.STARTING
 REFUSED = "cannot connect to 127.0.0.1:9 (connection refused)"
 T0 = 1_000_000.0
 
@@ -177,7 +181,11 @@ def test_reasons_are_one_bounded_line() -> None:
 
 
 def report(
-    engine: str, state: EngineState, models: tuple[str, ...] = ("m",), since: float = T0
+    engine: str,
+    state: EngineState,
+    models: tuple[str, ...] = ("m",),
+    since: float = T0,
+    start_s: float | None = None,
 ) -> EngineReport:
     return EngineReport(
         worker="w1",
@@ -194,6 +202,8 @@ def report(
         mode="dedicated",
         signal="fixed",
         pressure=0.0,
+        until=T0 + 3600,
+        start_s=start_s,
     )
 
 
@@ -209,7 +219,8 @@ def test_a_model_is_available_while_any_engine_serving_it_is_up_or_on_standby() 
     assert health == {
         "m": ModelHealth(True, None),
         "n": ModelHealth(False, T0 + 50),
-        "e": ModelHealth(True, None),
+        # Its work waits for a start.
+        "e": ModelHealth(True, None, starting_since=T0),
     }
 
 
@@ -263,3 +274,41 @@ def test_a_batch_that_needs_no_engine_waits_on_nothing(quiet: BatchRecord) -> No
 
 def test_a_batch_with_a_healthy_engine_waits_on_nothing() -> None:
     assert waiting_on(batch(), model_health([report("a", DOWN), report("b", UP)])) is None
+
+
+# ---- engines started on demand ------------------------------------------------------------------
+
+
+def test_starting_is_neither_an_outage_nor_a_first_answer() -> None:
+    t = tracker()
+    assert notes(t, [(0, STANDBY), (1, STARTING), (2, STARTING)]) == [None, None, None]
+    # Its first answer after the start is the "up" line, as for any start.
+    assert notes(t, [(3, UP)]) == [Note(NoteKind.UP)]
+
+
+def test_a_batch_whose_engines_are_all_starting_says_so_with_the_learnt_start() -> None:
+    health = model_health([report("a", STARTING, since=T0 + 5, start_s=12.4), report("b", DOWN)])
+    waiting = waiting_on(batch(), health)
+    assert waiting is not None
+    assert (waiting.code, waiting.since) == (ENGINE_STARTING, int(T0) + 5)
+    assert "being started; its last start took about 12 s" in waiting.message
+    # One engine up is enough: nothing waits for the start.
+    assert waiting_on(batch(), model_health([report("a", STARTING), report("b", UP)])) is None
+
+
+def test_start_delays_count_what_is_left_of_a_start_or_the_whole_learnt_one() -> None:
+    reports = [
+        # "m": one starting 4 s ago, learnt 10 s; one on standby, learnt 8 s: the sooner wins.
+        report("a", STARTING, ("m",), since=T0 - 4, start_s=10.0),
+        report("b", STANDBY, ("m",), start_s=8.0),
+        # "n": starting for longer than its learnt start: any moment now.
+        report("c", STARTING, ("n",), since=T0 - 30, start_s=10.0),
+        # "s": on standby, never timed: the default guess.
+        report("d", STANDBY, ("s",)),
+        # "u": one up beside one on standby: no wait.
+        report("e", STANDBY, ("u",)),
+        report("f", UP, ("u",)),
+    ]
+    assert start_delays(reports, T0) == {"m": 6.0, "n": 0.0, "s": DEFAULT_START_S}
+    # A report past its until (its worker died) does not count.
+    assert start_delays(reports, T0 + 7200) == {}

@@ -202,25 +202,34 @@ def test_the_rate_per_replica_counts_only_windows_with_the_same_replicas_up() ->
     assert (unknown.rps, unknown.per_replica) == (100, None)
 
 
+def engine(
+    name: str,
+    until: float = NOW + 30,
+    state: EngineState = EngineState.UP,
+    start_s: float | None = None,
+) -> EngineReport:
+    return EngineReport(
+        worker="w",
+        engine=name,
+        url=f"http://{name}/v1",
+        models=("m",),
+        state=state,
+        last_error=None,
+        since=NOW - 60,
+        checked_at=NOW - 1,
+        in_flight=0,
+        max_concurrency=8,
+        concurrency_limit=8,
+        mode="dedicated",
+        signal="fixed",
+        pressure=0.0,
+        until=until,
+        start_s=start_s,
+    )
+
+
 def test_a_plan_counts_the_replicas_up_from_the_engine_reports() -> None:
-    def up(name: str, until: float = NOW + 30) -> EngineReport:
-        return EngineReport(
-            worker="w",
-            engine=name,
-            url=f"http://{name}/v1",
-            models=("m",),
-            state=EngineState.UP,
-            last_error=None,
-            since=NOW - 60,
-            checked_at=NOW - 1,
-            in_flight=0,
-            max_concurrency=8,
-            concurrency_limit=8,
-            mode="dedicated",
-            signal="fixed",
-            pressure=0.0,
-            until=until,
-        )
+    up = engine
 
     inputs = PlanInputs(
         lanes=[lane_load("x", 1400, 1000)],
@@ -263,6 +272,25 @@ def test_a_plan_measures_shares_marks_urgent_lanes_and_estimates() -> None:
     assert shares["y"].urgent_by == int(NOW) + 100
     assert shares["x"].urgent_by == NOT_URGENT
     assert made.estimates == {"soon": int(NOW) + 120, "bulk": int(NOW) + 560}
+
+
+def test_a_model_whose_engine_is_on_standby_is_projected_from_its_start() -> None:
+    """An engine started on demand serves nothing until it answers: the estimate counts its
+    learnt start, and a batch that the start makes late is urgent."""
+    inputs = PlanInputs(
+        lanes=[lane_load("x", 1000, 1000, ready=False)],
+        rates=[ModelRate("m", 10.0, NOW - 40, 1000, False)],
+        running=[running("b", "x", 100, window=60)],
+        engines=[engine("a", state=EngineState.STANDBY, start_s=45.0)],
+    )
+    made = plan(inputs, NOW, 0.1)
+    assert made.estimates == {"b": int(NOW) + 45 + 10}
+    # 100 lines at 10/s need 10 s of the 60 s window, the start 45 s: past the margin (6 s
+    # before the deadline), so urgent; without the start it would not be.
+    assert made.lanes[0].urgent_by == int(NOW) + 60
+    # Once it is up, nothing waits for a start.
+    up = plan(dataclasses.replace(inputs, engines=[engine("a", start_s=45.0)]), NOW, 0.1)
+    assert (up.estimates, up.lanes) == ({"b": int(NOW) + 10}, [])
 
 
 def test_once_a_model_is_idle_its_plans_are_empty() -> None:

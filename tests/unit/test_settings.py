@@ -253,3 +253,14 @@ def test_an_engine_found_by_name_needs_a_name_to_resolve_and_no_single_address()
         values["base_url"] = "http://qwen-7b.models.svc:8000/v1"
         with pytest.raises(ValidationError, match=message):
             EngineSettings(**(values | change))
+
+
+def test_only_an_engine_backfill_runs_can_be_started_on_demand() -> None:
+    spec = EngineSettings(
+        name="chat", models=["m"], command=["llama", "{port}"], on_demand=True, idle_stop_s=60
+    )
+    assert (spec.on_demand, spec.idle_stop_s) == (True, 60)
+    with pytest.raises(ValidationError, match="on_demand starts and stops the engine's process"):
+        EngineSettings(name="chat", base_url="http://e:8000/v1", models=["m"], on_demand=True)
+    with pytest.raises(ValidationError, match="idle_stop_s"):
+        EngineSettings(name="chat", models=["m"], command=["x"], on_demand=True, idle_stop_s=0)

@@ -370,7 +370,12 @@ def deployment_set(
 
 # What a probe found of the request priority Backfill sends (None: not probed, not known yet).
 _PRIORITY = {"applied": "applied", "ignored": "IGNORED"}
-_STATES = {EngineState.UP: "healthy", EngineState.DOWN: "DOWN", EngineState.STANDBY: "standby"}
+_STATES = {
+    EngineState.UP: "healthy",
+    EngineState.DOWN: "DOWN",
+    EngineState.STANDBY: "standby",
+    EngineState.STARTING: "starting",
+}
 
 
 def _engines_table(reports: list[EngineReport]) -> Table:

@@ -18,8 +18,9 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--set",
-        help="A setting of [[engines]] as KEY=VALUE, the value as JSON where it parses "
-        '(max_concurrency=32, mode=shared, priority=10, models=\'["a","b"]\'); repeatable.',
+        help="An engine setting (as in the config file's engines) as KEY=VALUE, the value as "
+        "JSON where it parses (max_concurrency=32, mode=shared, priority=10, "
+        'models=\'["a","b"]\'); repeatable.',
     ),
 ]
 ApiKeyEnvOpt = Annotated[

@@ -184,6 +184,8 @@ class _Engines:
     # Managed processes started with Backfill, and those started when work waits for them.
     processes: list[ManagedProcess] = field(default_factory=list)
     on_demand: dict[str, ManagedProcess] = field(default_factory=dict)
+    # How long each engine started on demand may sit idle before it is stopped (by name).
+    idle_stop_s: dict[str, float] = field(default_factory=dict)
     sharing: Sharing | None = None
     # The config file's engines stored for every worker (those without a command).
     stored: list[EngineSettings] = field(default_factory=list)
@@ -220,7 +222,11 @@ def _engines(settings: Settings) -> _Engines:
             built.stored.append(spec)
             continue
         process = ManagedProcess(spec.name, spec.command)
-        processes.append(process)
+        if spec.on_demand:
+            built.on_demand[spec.name] = process
+            built.idle_stop_s[spec.name] = spec.idle_stop_s
+        else:
+            processes.append(process)
         replica = _http_engine(spec, spec.name, process.base_url)
         engines.append(replica.engine)
         limits[spec.name] = replica.limit
@@ -490,6 +496,7 @@ def build(
                 stored=StoredEngineInputs(engine_admin, _stored_engine, built.stored)
                 if stored_engines
                 else None,
+                idle_stop_s=built.idle_stop_s,
             ),
             settings.worker,
             limits=settings.limits,

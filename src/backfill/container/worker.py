@@ -59,6 +59,8 @@ class WorkerInputs:
     name: str | None = None
     # The engines stored for every worker, and the config file's that seed them.
     stored: StoredEngineInputs | None = None
+    # How long each engine started on demand may sit idle before it stops (by name).
+    idle_stop_s: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +195,7 @@ def build_worker(
             requests=runner,
             pool=pool,
             reports=reports,
-            on_demand=OnDemand(pool, store, clock=clock),
+            on_demand=OnDemand(pool, store, clock=clock, idle_stop_s=given.idle_stop_s),
             stored=None
             if given.stored is None
             else StoredEngines(

@@ -34,6 +34,9 @@ class AdmissionSnapshot:
     """The model's measured throughput, requests per second (None: not measured yet)."""
     unfinished_lines: int = 0
     """Lines of the model's accepted batches not yet finished (read only with a rate)."""
+    start_delay_s: float = 0.0
+    """How long until an engine for the model answers, when all of them run on demand and
+    are stopped or starting (read only with a rate; engine_health.start_delays)."""
 
     @property
     def available(self) -> int:
@@ -77,7 +80,9 @@ def check(snapshot: AdmissionSnapshot, batch: BatchRecord, admission: Admission)
     if admission.throughput_tokens_per_s:
         _check_capacity(snapshot.queued_output_tokens, batch, admission.throughput_tokens_per_s)
     if admission.deadline_aware and snapshot.measured_rps:
-        check_deadline(snapshot.unfinished_lines, batch, snapshot.measured_rps)
+        check_deadline(
+            snapshot.unfinished_lines, batch, snapshot.measured_rps, snapshot.start_delay_s
+        )
 
 
 def _check_credit(snapshot: AdmissionSnapshot, admission: Admission) -> None:
@@ -113,11 +118,14 @@ def _check_capacity(queued: int, batch: BatchRecord, rate: int) -> None:
     )
 
 
-def check_deadline(unfinished: int, batch: BatchRecord, rps: float) -> None:
+def check_deadline(
+    unfinished: int, batch: BatchRecord, rps: float, start_delay_s: float = 0.0
+) -> None:
     """Refuse a batch whose lines, behind the ``unfinished`` lines already accepted for its
-    model, the model's measured ``rps`` cannot finish before the batch's deadline."""
+    model, the model's measured ``rps`` cannot finish before the batch's deadline, once its
+    engine answers (``start_delay_s`` from now, for an engine started on demand)."""
     window = batch.expires_at - batch.created_at
-    capacity = rps * window
+    capacity = rps * max(0.0, window - start_delay_s)
     over = unfinished + batch.total - capacity
     if over <= 0:
         return
@@ -126,6 +134,8 @@ def check_deadline(unfinished: int, batch: BatchRecord, rps: float) -> None:
     fits = _about(max(0.0, capacity - unfinished))
     wait = _whole_minutes(math.ceil(over / rps))
     room = f"about {fits:,} requests" if fits else "none of its requests"
+    if start_delay_s:
+        room += f" (its engine starts on demand first, in about {start_delay_s:.0f} s)"
     raise RateLimited(
         f"{batch.model} cannot finish this batch's {batch.total} requests inside "
         f"{_window(batch)} at the rate it serves now: {room} would fit in that "

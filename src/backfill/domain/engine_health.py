@@ -25,6 +25,12 @@ START_GRACE_S = 10.0
 
 # The code a batch object's ``waiting_on`` carries when no engine can serve its model.
 NO_HEALTHY_ENGINE = "no_healthy_engine"
+# ...and while the only engines for its model are being started on demand.
+ENGINE_STARTING = "engine_starting"
+# How long a start on demand is assumed to take before one was measured: a managed llama.cpp
+# answers within seconds, a vLLM loading a small model within about a minute; a guess on the
+# long side only makes deadlines a little more careful until the first start is timed.
+DEFAULT_START_S = 60.0
 
 # Longer reasons are cut: they come from the engine's answer and end up in logs and the API.
 MAX_REASON_CHARS = 300
@@ -37,6 +43,8 @@ class EngineState(StrEnum):
     """Its last health check failed; ``last_error`` says why."""
     STANDBY = "standby"
     """Stopped on purpose; started when work waits for its models (not a fault)."""
+    STARTING = "starting"
+    """Started on demand and not answering yet (not a fault until its start takes too long)."""
 
 
 class PriorityOutcome(StrEnum):
@@ -76,6 +84,9 @@ class EngineReport:
     priority: str | None = None
     """Whether the engine applies the ``priority`` Backfill sends (a ``PriorityOutcome``
     value), as its probe found; None: not probed (no priority set), or not known yet."""
+    start_s: float | None = None
+    """How long the engine's starts on demand took to answer, learnt by its worker (None:
+    not started on demand by it yet)."""
 
     @property
     def healthy(self) -> bool:
@@ -198,6 +209,9 @@ class HealthTracker:
 
     def _not_down(self, state: EngineState, since: float, now: float) -> Note | None:
         """``since``: when the state before this check began."""
+        if state == EngineState.STARTING:
+            # Not answering yet, on purpose: neither an outage nor a first answer.
+            return None
         if state == EngineState.STANDBY:
             # Stopped on purpose: its next start is a fresh one (grace, no flap count).
             self._warned_at, self._held, self._answered, self._unlogged = None, False, False, 0
@@ -243,25 +257,59 @@ class ModelHealth:
     """What the live reports say about the engines serving one model."""
 
     available: bool
-    """Some engine serving it is up, or on standby (started as soon as work waits)."""
+    """Some engine serving it is up, starting, or on standby (started as soon as work waits)."""
     down_since: float | None
     """When the last engine serving it stopped answering (None while available)."""
+    starting_since: float | None = None
+    """None while an engine serving it is up; else, when one began starting or went on
+    standby: its work waits for a start on demand."""
+    start_s: float | None = None
+    """The shortest learnt start among those engines (None: not measured yet)."""
+
+
+_WAITING = (EngineState.STARTING, EngineState.STANDBY)
 
 
 def model_health(reports: Iterable[EngineReport]) -> dict[str, ModelHealth]:
     """Each model the ``reports`` name, and whether any of their engines can serve it."""
-    available: dict[str, bool] = {}
-    down_since: dict[str, float] = {}
+    by_model: dict[str, list[EngineReport]] = {}
     for report in reports:
-        up = report.state != EngineState.DOWN
         for model in report.models:
-            available[model] = available.get(model, False) or up
-            if not up:
-                down_since[model] = max(down_since.get(model, report.since), report.since)
-    return {
-        model: ModelHealth(True, None) if ok else ModelHealth(False, down_since[model])
-        for model, ok in available.items()
-    }
+            by_model.setdefault(model, []).append(report)
+    return {model: _health(of) for model, of in by_model.items()}
+
+
+def _health(reports: list[EngineReport]) -> ModelHealth:
+    if any(r.state == EngineState.UP for r in reports):
+        return ModelHealth(True, None)
+    waiting = [r for r in reports if r.state in _WAITING]
+    if waiting:
+        starts = [r.start_s for r in waiting if r.start_s is not None]
+        return ModelHealth(
+            True, None, min(r.since for r in waiting), min(starts) if starts else None
+        )
+    return ModelHealth(False, max(r.since for r in reports))
+
+
+def start_delays(reports: Iterable[EngineReport], now: float) -> dict[str, float]:
+    """For each model whose live engines are all starting or on standby, about how long until
+    one answers: an engine on standby takes its learnt start (``DEFAULT_START_S`` before one
+    was measured), a starting one what is left of it. Models with an engine up, or none
+    starting, are left out: their work does not wait for a start."""
+    live = [r for r in reports if r.until >= now]
+    delays: dict[str, float] = {}
+    for model, health in model_health(live).items():
+        if health.starting_since is None:
+            continue
+        left = [
+            max(0.0, (r.start_s or DEFAULT_START_S) - (now - r.since))
+            if r.state == EngineState.STARTING
+            else r.start_s or DEFAULT_START_S
+            for r in live
+            if model in r.models and r.state in _WAITING
+        ]
+        delays[model] = min(left)
+    return delays
 
 
 def replicas_up(reports: Iterable[EngineReport], now: float) -> dict[str, int]:
@@ -302,6 +350,8 @@ def waiting_on(batch: BatchRecord, health: Mapping[str, ModelHealth]) -> Waiting
     if not may_wait(batch):
         return None
     model = health.get(batch.model)
+    if model is not None and model.starting_since is not None:
+        return _starting(batch, model)
     if model is not None and model.available:
         return None
     resumes = (
@@ -321,6 +371,16 @@ def waiting_on(batch: BatchRecord, health: Mapping[str, ModelHealth]) -> Waiting
         + " Operators see why with 'backfill admin engine list'."
     )
     return WaitingOn(NO_HEALTHY_ENGINE, message, since)
+
+
+def _starting(batch: BatchRecord, model: ModelHealth) -> WaitingOn:
+    took = f"; its last start took about {model.start_s:.0f} s" if model.start_s is not None else ""
+    message = (
+        f"The engine for model '{batch.model}' runs on demand and is being started{took}. "
+        "The batch's requests run as soon as it answers."
+    )
+    since = max(batch.created_at, int(model.starting_since or 0))
+    return WaitingOn(ENGINE_STARTING, message, since)
 
 
 def _utc(ts: int) -> str:

@@ -169,4 +169,5 @@ def _report(
         pressure=round(governor.pressure, 3),
         until=until,
         priority=priority.value if priority is not None else None,
+        start_s=slot.start_s,
     )

@@ -4,6 +4,7 @@ their models, stopped after a while without a request."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from backfill.ports import Clock, Switch, WaitingWork
 from backfill.runner.engine_pool import EnginePool
@@ -22,7 +23,9 @@ ON_DEMAND_CHECK_S = 2.0
 
 class OnDemand:
     """Starts each engine that has a ``Switch`` once the queue holds work for its models, and
-    stops it again after ``idle_stop_s`` without a request, giving its CPU and memory back."""
+    stops it again after its ``idle_stop_s`` without a request, giving its CPU and memory
+    back. A started engine is ``starting`` until it answers, and its slot learns how long that
+    took (reported, and counted by deadlines: domain/engine_health.py ``start_delays``)."""
 
     def __init__(
         self,
@@ -30,11 +33,12 @@ class OnDemand:
         queue: WaitingWork,
         *,
         clock: Clock,
-        idle_stop_s: float = IDLE_STOP_S,
+        idle_stop_s: Mapping[str, float] | None = None,
     ) -> None:
         self._pool = pool
         self._queue = queue
-        self._idle_stop_s = idle_stop_s
+        # By engine name; an engine not named stops after IDLE_STOP_S.
+        self._idle_stop_s = dict(idle_stop_s or {})
         self._clock = clock
         self._switched = [(s, s.switch) for s in pool.slots if s.switch is not None]
         # Per engine: its ``finished`` count when last seen busy, and when that was.
@@ -70,6 +74,7 @@ class OnDemand:
                 ", ".join(waiting),
             )
             await switch.start()
+            slot.starting()
             self._busy[slot.engine.name] = (slot.finished, self._clock.monotonic())
             started = True
         if started:
@@ -82,7 +87,7 @@ class OnDemand:
         if _busy(slot) or finished != slot.finished:
             self._busy[name] = (slot.finished, now)
             return
-        if now - since < self._idle_stop_s:
+        if now - since < self._idle_stop_s.get(name, IDLE_STOP_S):
             return
         # Work may wait that a starting or failing engine could not take yet: keep it running.
         if await self._queue.ready_models(slot.engine.models, self._clock.now()) or _busy(slot):

@@ -23,6 +23,12 @@ MIN_PREFETCH = 2
 # While an engine stays down its warning is repeated this often, and a flapping engine's
 # outages with the same reason are not warned about more often (engine_down_log_interval_s).
 DOWN_REMINDER_S = 300.0
+# An engine started on demand that has not answered after this long is down, not starting:
+# vLLM loading a large model from a slow disk takes minutes, a broken command never answers.
+START_LIMIT_S = 900.0
+# The weight of the newest start in the learnt start time: one slow start (a cold disk cache)
+# moves it halfway, and the next normal one brings it back.
+START_SMOOTHING = 0.5
 
 
 Start = Callable[["EngineSlot", Queued], None]
@@ -71,6 +77,10 @@ class EngineSlot:
         # Gone from the fleet (a replica that left): it starts nothing more, and is removed
         # once what runs there ended.
         self.retired = False
+        # Started on demand and not answering yet: since when (monotonic).
+        self._starting_since: float | None = None
+        # How long its starts on demand took to answer, learnt (None: none timed yet).
+        self.start_s: float | None = None
 
     @property
     def limit(self) -> int:
@@ -228,13 +238,37 @@ class EngineSlot:
         if self.parked:
             self._observe(EngineState.STANDBY)
         elif healthy:
+            self._started()
             self._observe(EngineState.UP)
+        elif self._still_starting():
+            self._observe(EngineState.STARTING)
         else:
             self._observe(EngineState.DOWN, self._health.error)
         return self._health.healthy
 
+    def starting(self) -> None:
+        """Its process was just started on demand: until it answers it is starting, not down,
+        and the time it takes to answer is learnt."""
+        self._starting_since = self._clock.monotonic()
+        self._observe(EngineState.STARTING)
+
+    def _still_starting(self) -> bool:
+        since = self._starting_since
+        if since is not None and self._clock.monotonic() - since >= START_LIMIT_S:
+            self._starting_since = None
+        return self._starting_since is not None
+
+    def _started(self) -> None:
+        since, self._starting_since = self._starting_since, None
+        if since is None:
+            return
+        took = self._clock.monotonic() - since
+        learnt = self.start_s
+        self.start_s = took if learnt is None else learnt + START_SMOOTHING * (took - learnt)
+
     def down(self) -> None:
         """Take no more work: the engine is about to stop (on purpose: standby)."""
+        self._starting_since = None
         self._observe(EngineState.STANDBY)
 
     @property

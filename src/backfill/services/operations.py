@@ -64,8 +64,9 @@ class Operations:
         reports = await self._health.reports()
         up: dict[str, bool] = {}
         for report in reports:
-            # Stopped on purpose until work waits for it: neither healthy nor a fault.
-            if report.state != EngineState.STANDBY:
+            # Stopped on purpose until work waits for it, or being started for it: neither
+            # healthy nor a fault.
+            if report.state not in (EngineState.STANDBY, EngineState.STARTING):
                 up[report.engine] = up.get(report.engine, False) or report.healthy
         self.metrics.engine_healthy.clear()
         for engine, healthy in up.items():

@@ -15,6 +15,7 @@ from backfill.adapters.db.bulk import BulkInsert
 from backfill.adapters.db.claims import ChunkState, drop_chunks, open_lane
 from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
+from backfill.adapters.db.engine_health import report_from_row
 from backfill.adapters.db.files import retained_input
 from backfill.adapters.db.outbox import enqueue_terminal
 from backfill.adapters.db.rows import (
@@ -31,6 +32,7 @@ from backfill.domain.admission import (
     output_tokens_left,
 )
 from backfill.domain.chunks import ChunkRef
+from backfill.domain.engine_health import start_delays
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
 from backfill.domain.records import Admission, BatchRecord, Page
 from backfill.errors import Conflict
@@ -103,6 +105,15 @@ async def _backlog(conn: AsyncConnection, model: str) -> tuple[float | None, int
         )
     ).scalar_one()
     return float(rps), int(lines)
+
+
+async def _start_delay(conn: AsyncConnection, model: str, now: float) -> float:
+    """How long until an engine for ``model`` answers, when all of them run on demand and are
+    stopped or starting (0: one is up, or none is known). The live reports are few: one row
+    per worker and engine."""
+    h = t.engine_health
+    rows = (await conn.execute(select(h).where(h.c.until >= now))).all()
+    return start_delays([report_from_row(row) for row in rows], now).get(model, 0.0)
 
 
 class BatchQueries(SqlBase):
@@ -178,9 +189,11 @@ class BatchQueries(SqlBase):
                 output_tokens_left(r.output_token_bound, r.total, r.completed + r.failed)
                 for r in rows
             )
-        rps, lines = None, 0
+        rps, lines, delay = None, 0, 0.0
         if admission.deadline_aware:
             rps, lines = await _backlog(conn, batch.model)
+            if rps is not None:
+                delay = await _start_delay(conn, batch.model, float(batch.created_at))
         return AdmissionSnapshot(
             balance=int(org.balance),
             reserved=int(org.reserved),
@@ -189,6 +202,7 @@ class BatchQueries(SqlBase):
             queued_output_tokens=queued,
             measured_rps=rps,
             unfinished_lines=lines,
+            start_delay_s=delay,
         )
 
     async def add_items(self, batch_id: str, chunks: Sequence[ChunkRef]) -> bool:

@@ -39,6 +39,7 @@ def _values(report: EngineReport) -> dict[str, Any]:
         "pressure": report.pressure,
         "until": report.until,
         "priority": report.priority,
+        "start_s": report.start_s,
     }
 
 
@@ -61,6 +62,7 @@ def report_from_row(row: Any) -> EngineReport:
         pressure=row.pressure,
         until=row.until,
         priority=row.priority,
+        start_s=row.start_s,
     )
 
 

@@ -458,4 +458,6 @@ engine_health = Table(
     # Whether the engine applies the request priority Backfill sends ("applied", "ignored"),
     # as its probe found; null: not probed or not known yet.
     Column("priority", String(16)),
+    # How long the engine's starts on demand took to answer, as its worker learnt (seconds).
+    Column("start_s", Float),
 )

@@ -227,6 +227,8 @@ def engine_object(report: EngineReport) -> dict[str, Any]:
         "signal": report.signal,
         "pressure": report.pressure,
         "priority": report.priority,
+        # Learnt how long its starts on demand take (seconds; null: not started on demand).
+        "start_s": None if report.start_s is None else round(report.start_s, 1),
     }
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backfill.domain.engine_health import EngineReport, replicas_up
+from backfill.domain.engine_health import EngineReport, replicas_up, start_delays
 
 # A lane that is not urgent is served "by" this deadline: later than any real one, so one
 # ordering key (urgent_by, then virtual time) puts urgent lanes first, earliest deadline first.
@@ -256,6 +256,9 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
         running_of[batch.model].append(batch)
     previous = {rate.model: rate for rate in inputs.rates}
     up = replicas_up(inputs.engines, now)
+    # A model whose engines run on demand and are all stopped or starting serves nothing
+    # until one answers: its batches are projected from then.
+    delays = start_delays(inputs.engines, now)
 
     rates: list[ModelRate] = []
     lane_plans: list[LanePlan] = []
@@ -272,8 +275,9 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
         finishes: dict[str, float] = {}
         urgent: dict[str, int] = {}
         if rate.rps:
-            finishes = project(running, rate.rps, now)
-            urgent = urgent_lanes(running, finishes, rate.rps, now, margin_fraction)
+            start = now + delays.get(model, 0.0)
+            finishes = project(running, rate.rps, start)
+            urgent = urgent_lanes(running, finishes, rate.rps, start, margin_fraction)
         for batch in running:
             new = math.ceil(finishes[batch.id]) if batch.id in finishes else None
             if estimate_changed(batch.estimate, new, now):

@@ -53,7 +53,7 @@ function show(key, value) {
 function health(engine) {
   /** @type {Child[]} */
   const parts = [h("span", { class: `badge ${engine.healthy ? "healthy" : "unhealthy"}` }, engine.healthy ? "healthy" : "unhealthy")];
-  // "standby": stopped on purpose until work waits for its models.
+  // "standby": stopped on purpose until work waits for its models; "starting": started for it.
   if (engine.state && engine.state !== (engine.healthy ? "up" : "down")) parts.push(" ", h("small", {}, engine.state));
   const since = engine.healthy ? engine.healthy_since : engine.down_since;
   if (since) parts.push(h("br"), h("small", { class: "muted" }, "since "), h("small", {}, time(since)));
