@@ -15,30 +15,23 @@ import httpx
 import pytest
 
 from backfill.adapters.engines.managed import llama_cpp_command
-from bench.common import start_backfill
 from tests.e2e.test_local_embeddings import _engines
 from tests.support import (
     ADMIN_TOKEN,
     SIM_MODEL,
-    ServerProcess,
     assert_exactly_once,
     batch_of,
     chat_line,
     rows_of,
+    serve_config,
     submit,
+    until,
     write_sim_config,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama, pytest.mark.timeout(300)]
 
 IDLE_STOP_S = 4
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def engine(client: httpx.Client) -> dict[str, Any]:
@@ -86,9 +79,8 @@ on_demand = true
 idle_stop_s = {IDLE_STOP_S}
 """,
     )
-    process, base, key = start_backfill(config, tmp_path / "data", tmp_path / "server.log")
-    port = int(base.rsplit(":", 1)[1].split("/")[0])
-    server = ServerProcess(tmp_path / "data", config, port, key, tmp_path / "server.log", process)
+    server = serve_config(tmp_path, config)
+    process = server.process
     try:
         with server.client() as client:
             time.sleep(3)  # a few of the worker's looks at the queue, with nothing waiting
@@ -104,8 +96,8 @@ idle_stop_s = {IDLE_STOP_S}
             assert 0 < learnt["start_s"] < 120, learnt
 
             # Idle for its idle_stop_s: stopped, its CPU and memory given back.
-            wait_for("the idle engine to stop", lambda: _engines(process.pid) == [], 60)
-            wait_for("standby reported", lambda: engine(client)["state"] == "standby", 30)
+            until("the idle engine to stop", lambda: _engines(process.pid) == [], 60)
+            until("standby reported", lambda: engine(client)["state"] == "standby", 30)
 
             waits = drain(client, "b")
             assert "engine_starting" in waits, waits

@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from bench.common import start_backfill, start_simulator, wait_batch
+from bench.common import start_simulator, wait_batch
 from bench.dns_server import DnsTable, dns_server
 from tests.support import (
     ADMIN_TOKEN,
     SIM_MODEL,
-    ServerProcess,
     assert_exactly_once,
     batch_of,
     chat_line,
     free_port,
     rows_of,
+    serve_config,
     submit,
+    until,
     write_sim_config,
 )
 
@@ -79,13 +78,6 @@ def engine_names(client: httpx.Client) -> set[str]:
     return {e["id"] for e in listed.json()["data"] if e["state"] == "up"}
 
 
-def wait_for(what: str, check: Any, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def test_a_replica_that_leaves_mid_drain_and_one_that_joins_lose_and_repeat_nothing(
     tmp_path: Path, replicas: Replicas
 ) -> None:
@@ -111,19 +103,15 @@ discovery_interval_s = 0.3
 discovery_nameservers = ["127.0.0.1:{dns_port}"]
 """,
         )
-        process, base, key = start_backfill(config, tmp_path / "data", tmp_path / "server.log")
-        port = int(base.rsplit(":", 1)[1].split("/")[0])
-        server = ServerProcess(
-            tmp_path / "data", config, port, key, tmp_path / "server.log", process
-        )
+        server = serve_config(tmp_path, config)
         try:
             with server.client() as client:
                 port_s = replicas.port
                 both = {f"sim@127.0.0.2:{port_s}", f"sim@127.0.0.3:{port_s}"}
-                wait_for("both replicas found and up", lambda: engine_names(client) == both)
+                until("both replicas found and up", lambda: engine_names(client) == both)
                 rows = [chat_line(f"r{i}", f"question {i} " * (i % 5 + 1)) for i in range(400)]
                 batch_id = submit(client, rows)
-                wait_for("the leaver took work", lambda: replicas.served("127.0.0.3") >= 20)
+                until("the leaver took work", lambda: replicas.served("127.0.0.3") >= 20)
                 # A pod deleted: its process dies with requests in flight, its address leaves
                 # the name; another pod starts and its address joins.
                 replicas.kill("127.0.0.3")
@@ -144,7 +132,7 @@ discovery_nameservers = ["127.0.0.1:{dns_port}"]
                 charge = next(e for e in ledger if e["batch_id"] == batch_id)
                 assert -int(charge["amount"]["value"]) == receipted > 0
                 joined = {f"sim@127.0.0.2:{port_s}", f"sim@127.0.0.4:{port_s}"}
-                wait_for(
+                until(
                     "the leaver is gone from engine health", lambda: engine_names(client) == joined
                 )
             log = server.log.read_text()

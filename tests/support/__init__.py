@@ -60,6 +60,7 @@ from tests.support.processes import (
     ServerProcess,
     SimulatorProcess,
     backfill_process,
+    serve_config,
     serve_role,
     simulator_process,
     start_server_process,
@@ -67,7 +68,7 @@ from tests.support.processes import (
     stop_all,
 )
 from tests.support.settings import sim_settings, slow_sim_model, write_sim_config
-from tests.support.waits import eventually, wait_terminal
+from tests.support.waits import eventually, until, wait_terminal
 
 __all__ = [
     "ADMIN_TOKEN",
@@ -106,6 +107,7 @@ __all__ = [
     "retained",
     "rows_of",
     "running_simulator",
+    "serve_config",
     "serve_role",
     "sim_engine",
     "sim_settings",
@@ -117,6 +119,7 @@ __all__ = [
     "stores_on_one_database",
     "submit",
     "tmpfs",
+    "until",
     "wait_http",
     "wait_terminal",
     "write_sim_config",

@@ -93,6 +93,11 @@ def start_server_process(
     """``backfill up`` on a free port with the simulator at ``sim_url`` as its engine."""
     config = tmp_path / "backfill.toml"
     write_sim_config(config, sim_url, max_concurrency=max_concurrency, extra=extra)
+    return serve_config(tmp_path, config)
+
+
+def serve_config(tmp_path: Path, config: Path) -> ServerProcess:
+    """``backfill up`` on a free port with ``config``, its data and log in ``tmp_path``."""
     data_dir = tmp_path / "data"
     log = tmp_path / "server.log"
     process, base, key = start_backfill(config, data_dir, log)

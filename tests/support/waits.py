@@ -35,6 +35,15 @@ async def eventually(
         await asyncio.sleep(interval_s)
 
 
+def until(what: str, holds: Callable[[], object], timeout_s: float = 30) -> None:
+    """``eventually`` for tests that drive real processes without an event loop: poll
+    ``holds`` until it is true, or fail saying ``what`` never happened."""
+    deadline = time.monotonic() + timeout_s
+    while not holds():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.05)
+
+
 async def wait_terminal(
     client: httpx.AsyncClient,
     batch_id: str,
