@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from backfill.adapters.engines.managed import llama_cpp_command
+from tests.e2e.test_engine_down import admin
 from tests.e2e.test_local_embeddings import _engines
 from tests.support import (
     ADMIN_TOKEN,
@@ -94,6 +95,7 @@ idle_stop_s = {IDLE_STOP_S}
             assert learnt["state"] == "up"
             assert learnt["start_s"] is not None, learnt
             assert 0 < learnt["start_s"] < 120, learnt
+            assert "healthy (starts in ~" in admin(server, "engine", "list")
 
             # Idle for its idle_stop_s: stopped, its CPU and memory given back.
             until("the idle engine to stop", lambda: _engines(process.pid) == [], 60)

@@ -378,6 +378,12 @@ _STATES = {
 }
 
 
+def _health_cell(report: EngineReport) -> str:
+    """Its state, and for an engine started on demand how long its starts take."""
+    state = _STATES[report.state]
+    return state if report.start_s is None else f"{state} (starts in ~{report.start_s:.0f} s)"
+
+
 def _engines_table(reports: list[EngineReport]) -> Table:
     table = _table(
         "Engines, as each live worker sees them",
@@ -396,7 +402,7 @@ def _engines_table(reports: list[EngineReport]) -> Table:
     for r in reports:
         table.add_row(
             r.engine,
-            _STATES[r.state],
+            _health_cell(r),
             _when(int(r.since)),
             Text(r.last_error or "-"),
             str(r.in_flight),

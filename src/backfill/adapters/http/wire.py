@@ -135,8 +135,8 @@ class BatchUsage(msgspec.Struct):
 class WaitingOn(msgspec.Struct):
     """Why the batch makes no progress now, until it resumes."""
 
-    # The only code today; spelled as a schema enum since the domain keeps codes as strings.
-    code: Annotated[str, Meta(extra_json_schema={"enum": ["no_healthy_engine"]})]
+    # Spelled as a schema enum since the domain keeps codes as strings (engine_health.py).
+    code: Annotated[str, Meta(extra_json_schema={"enum": ["no_healthy_engine", "engine_starting"]})]
     message: str
     since: int
 
