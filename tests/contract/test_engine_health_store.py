@@ -53,7 +53,7 @@ async def test_reports_read_back_as_written_by_engine_then_worker(store: SqlStor
     written = [
         report("w2", "vllm", priority="ignored"),
         report("w1", "vllm", priority="applied"),
-        report("w1", "llama", models=()),
+        report("w1", "llama", models=(), state=EngineState.STARTING, start_s=7.5),
     ]
     await store.report_engines(written, NOW)
     assert await store.engine_reports(NOW) == [written[2], written[1], written[0]]

@@ -18,11 +18,13 @@ from backfill.adapters.db.claims import pick_sql
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.chunks import CHUNK_LINES
+from backfill.domain.engine_health import EngineState
 from backfill.domain.records import Org
 from backfill.domain.scheduling.claim_model import LANES_PER_CLAIM
 from backfill.domain.scheduling.planning import NOT_URGENT, LanePlan, ModelRate, Plan, plan
 from backfill.errors import RateLimited
 from backfill.services.planner import PLANNER, Planner
+from tests.contract.test_engine_health_store import report
 from tests.contract.test_store import (
     ADMIT_ALL,
     LEASE,
@@ -263,6 +265,21 @@ async def test_admission_refuses_what_the_measured_rate_cannot_finish(store: Sql
     # Another model, and a creation that does not ask, are not limited by it.
     await make_batch(store, org, 500, model="other", admission=aware, expires_at=deadline)
     await make_batch(store, org, 500, model="m", expires_at=deadline)
+
+
+async def test_admission_counts_the_start_of_an_engine_on_standby(store: SqlStore) -> None:
+    """The model's only engine runs on demand and is stopped: its learnt start (10 s, from
+    the stored engine report) comes off the window before the rate is applied."""
+    org = await make_org(store)
+    aware = dataclasses.replace(ADMIT_ALL, deadline_aware=True)
+    deadline = int(NOW) + 100
+    await store.apply_plan(Plan([ModelRate("m", 1.0, NOW, 0, True)], [], {}))
+    standby = report("w1", "chat", models=("m",), state=EngineState.STANDBY, start_s=10.0)
+    await store.report_engines([standby], NOW)
+    with pytest.raises(RateLimited) as refused:
+        await make_batch(store, org, 91, model="m", admission=aware, expires_at=deadline)
+    assert "its engine starts on demand first, in about 10 s" in refused.value.message
+    await make_batch(store, org, 90, model="m", admission=aware, expires_at=deadline)
 
 
 async def test_concurrent_claims_of_one_lane_add_up_their_virtual_time(store: SqlStore) -> None:
