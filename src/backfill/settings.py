@@ -214,11 +214,17 @@ class EngineSettings(BaseModel):
                 f"engine {self.name!r}: with discovery each replica's metrics are read at its "
                 "own address (base_url's, /metrics); remove metrics_url"
             )
-        host = urlsplit(self.base_url).hostname
-        if not host:
+        where = urlsplit(self.base_url)
+        if not where.hostname:
             raise ValueError(
                 f"engine {self.name!r}: discovery needs base_url with the name to resolve, "
                 'e.g. "http://qwen-7b.models.svc:8000/v1"'
+            )
+        if where.scheme == "https":
+            raise ValueError(
+                f"engine {self.name!r}: discovery calls each replica at its address, which a "
+                "TLS certificate for the name does not cover; use http:// inside the cluster "
+                "(a service mesh can add mTLS), or list each replica as an engine of its own"
             )
         self.nameservers()
         return self

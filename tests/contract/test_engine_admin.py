@@ -106,6 +106,10 @@ async def test_the_config_file_seeds_the_table_and_wins_for_its_names(store: Sql
     await admin.change("vllm-a", {"max_concurrency": 4})
     await admin.seed([in_file])
     assert admin.settings(await admin.get("vllm-a")).max_concurrency == 16
-    # An engine the file no longer lists goes; those added through the API stay.
+    # A file without engines (a worker that follows the API alone) removes nothing.
     await admin.seed([])
-    assert [e.name for e in await admin.all()] == ["from-api"]
+    assert {e.name for e in await admin.all()} == {"vllm-a", "from-api"}
+    # An engine the file no longer lists goes; those added through the API stay.
+    other = EngineSettings.model_validate(VLLM | {"name": "vllm-b"})
+    await admin.seed([other])
+    assert {e.name for e in await admin.all()} == {"vllm-b", "from-api"}

@@ -259,3 +259,30 @@ async def test_a_cancel_stops_the_fetches_and_gives_their_leases_back(kit: Kit, 
 
 async def _value(asked: list[str]) -> list[str]:
     return list(asked)
+
+
+async def test_a_line_whose_engine_left_while_fetching_gives_its_lease_back(
+    kit: Kit, host: Host
+) -> None:
+    """A replica that left the fleet while a line fetched its images may be removed before
+    the fetch ends (a fetch holds no slot): the line goes back to the queue, not into the
+    backlog of an engine that no longer exists."""
+    engine = ScriptedEngine(MODEL)
+    batch = await image_batch(kit, 1, f"{host.base}/gated/{{i}}")
+    async with rig(kit, engine) as made:
+        assert await made.dispatch.dispatch_once() == 1
+        await eventually(lambda: _value(host.asked), lambda asked: asked == ["/gated/0"])
+        [slot] = made.pool.slots
+        made.pool.retire(slot.engine.name)
+        await made.pool.reap()
+        assert made.pool.slots == []
+        host.gate.set()
+        await eventually(lambda: _fetching(made), lambda fetching: fetching == 0)
+        assert slot.backlog == ()
+        assert made.runner.held() == {}
+        assert await kit.store.live_leases(batch.id, kit.clock.now() + 60) == 0
+    assert engine.sends == 0
+
+
+async def _fetching(made: Any) -> int:
+    return int(made.runner.fetching)

@@ -155,3 +155,21 @@ async def test_a_replica_back_before_its_requests_ended_goes_on_in_the_same_slot
     assert pool.slots == [slot]
     assert not slot.retired
     assert slot.wanted > 0, "it takes work again"
+
+
+async def test_a_changed_entry_never_revives_the_old_settings_slots() -> None:
+    """The entry changed (a rotated api_key, another limit): the old set leaves, a new set
+    with the new settings looks the name up. A replica still draining under the old settings
+    stays retired; the new set serves it from a new slot."""
+    pool, old, _ = replicas(frozenset({A}))
+    await old.look_up()
+    draining = pool.slots[0]
+    await draining.check()
+    draining.offer(work("batch_a", 2))
+    old.leave_all()
+    entry = DiscoveredEngine("sim", ("m",), Finder(frozenset({A})), 1.0, build)
+    await ReplicaSet(pool, entry).look_up()
+    assert draining.retired
+    [fresh] = [s for s in pool.slots if not s.retired]
+    assert fresh is not draining
+    assert fresh.engine.name == draining.engine.name

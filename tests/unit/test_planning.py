@@ -293,6 +293,19 @@ def test_a_model_whose_engine_is_on_standby_is_projected_from_its_start() -> Non
     assert (up.estimates, up.lanes) == ({"b": int(NOW) + 10}, [])
 
 
+def test_no_rate_is_measured_while_the_model_waits_for_a_start() -> None:
+    """Work waits but nothing is served until the engine answers: counting that window
+    would count the start twice (once in the rate, once as the delay)."""
+    waiting = PlanInputs(
+        lanes=[lane_load("x", 1000, 1000)],
+        rates=[ModelRate("m", 10.0, NOW - 120, 1000, True)],
+        running=[running("b", "x", 100)],
+        engines=[engine("a", state=EngineState.STARTING, start_s=200.0)],
+    )
+    [rate] = plan(waiting, NOW, 0.1).rates
+    assert (rate.rps, rate.busy) == (10.0, False), "the rate stands; the window ends"
+
+
 def test_once_a_model_is_idle_its_plans_are_empty() -> None:
     """A worker with nothing to do plans nothing to store (no write every few seconds)."""
     lanes = [lane_load("x", 1300, 1000, ready=False)]

@@ -247,6 +247,9 @@ def test_an_engine_found_by_name_needs_a_name_to_resolve_and_no_single_address()
         "remove metrics_url": {"metrics_url": "http://qwen-7b.models.svc:8000/metrics"},
         "needs base_url with the name": {"base_url": ""},
         "'dns.internal' is not an address": {"discovery_nameservers": ["dns.internal"]},
+        "a TLS certificate for the name does not cover": {
+            "base_url": "https://qwen-7b.models.svc:8000/v1"
+        },
     }
     for message, change in refusals.items():
         values: dict[str, Any] = {"name": "qwen", "models": ["qwen"], "discovery": "dns"}

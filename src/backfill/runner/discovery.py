@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit
 from backfill.ports import DiscoveryFailed, Engine, PressureProbe, PriorityProbe, ReplicaFinder
 from backfill.runner.engine_pool import EnginePool
+from backfill.runner.slots import EngineSlot
 
 log = logging.getLogger("backfill.runner")
 
@@ -63,6 +64,10 @@ class ReplicaSet:
         self._pool = pool
         self.entry = entry
         self.known: frozenset[tuple[str, int]] = frozenset()
+        # This set's own replicas, by name: one that left and comes back while still
+        # draining goes on in the same slot. A slot of an earlier set (the entry changed) is
+        # never revived: it has the old settings.
+        self._slots: dict[str, EngineSlot] = {}
         self._failing = False
         self._looked_up = False
 
@@ -87,9 +92,12 @@ class ReplicaSet:
         for address, port in sorted(found - self.known):
             name = replica_name(entry.name, address, port)
             # Back before the requests it had when it left ended: the same slot goes on.
-            if not self._pool.revive(name):
+            slot = self._slots.get(name)
+            if slot is None or not self._pool.revive(slot):
                 replica = entry.build(address, port)
-                self._pool.add(replica.engine, replica.limit, replica.probe, replica.priority)
+                self._slots[name] = self._pool.add(
+                    replica.engine, replica.limit, replica.probe, replica.priority
+                )
             log.info("engine %s: replica %s joined", entry.name, name)
         for address, port in sorted(self.known - found):
             name = replica_name(entry.name, address, port)

@@ -187,8 +187,9 @@ class Dispatcher:
 
     def _fetched(self, slot: EngineSlot, queued: Queued) -> None:
         """A request whose images were fetched goes ahead of its slot's backlog, unless its
-        org was paused meanwhile (then its lease goes back like the backlog's)."""
-        if self._is_paused(queued.batch):
+        org was paused meanwhile or its engine left the fleet (a retired slot may be removed
+        already): then its lease goes back like the backlog's."""
+        if self._is_paused(queued.batch) or slot.retired:
             self._leases.release_soon([queued])
         else:
             slot.offer_first(queued)

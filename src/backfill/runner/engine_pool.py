@@ -155,6 +155,8 @@ class EnginePool:
             raise ValueError(f"engine {engine.name} is in the pool already")
         slot = self._slot(engine, limit, None)
         self.slots.append(slot)
+        # What a probe found of an earlier engine of this name says nothing of this one.
+        self.priority.pop(engine.name, None)
         if probe is not None:
             self._probes[slot] = _Probes(probe, priority)
             if self._started:
@@ -163,16 +165,15 @@ class EnginePool:
         self.recheck()
         return slot
 
-    def revive(self, name: str) -> bool:
+    def revive(self, slot: EngineSlot) -> bool:
         """An engine that left and came back while its requests still ran there: it takes
-        work again as it is (True); False when no such engine waits to be removed."""
-        for slot in self.slots:
-            if slot.engine.name == name and slot.retired:
-                slot.retired = False
-                self._health_moved()
-                self.recheck()
-                return True
-        return False
+        work again as it is (True); False when that slot is gone already."""
+        if slot not in self.slots or not slot.retired:
+            return False
+        slot.retired = False
+        self._health_moved()
+        self.recheck()
+        return True
 
     def retire(self, name: str) -> None:
         """An engine gone (a replica that left): it takes no more work, its claimed backlog

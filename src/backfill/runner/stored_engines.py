@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from backfill.domain.engine_config import StoredEngine
 from backfill.ports import Clock
 from backfill.runner.discovery import DiscoveredEngine, Replica, ReplicaSet
@@ -59,6 +61,8 @@ class StoredEngines:
         self._served: dict[str, _Served] = {}
         # Engines whose stored settings could not be built, by fingerprint: said once.
         self._refused: set[tuple[str, bytes | None, bool]] = set()
+        # The last look at the table failed: said once until one succeeds.
+        self._failing = False
 
     async def start(self) -> None:
         """Seed the table from the config file, then serve what is stored."""
@@ -70,7 +74,16 @@ class StoredEngines:
         try:
             await self.follow()
         except Exception as exc:  # the database may be down: serve what is known meanwhile
-            log.warning("could not read the stored engines (%s); trying again", type(exc).__name__)
+            if not self._failing:
+                log.warning(
+                    "could not read the stored engines (%s); serving those known, trying again",
+                    type(exc).__name__,
+                )
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("the stored engines can be read again")
+            self._failing = False
         return self._wait_s()
 
     async def follow(self) -> None:
@@ -98,13 +111,27 @@ class StoredEngines:
             built = self._build(self._admin.settings(engine))
         except Exception as exc:  # stored by an older release, or a key sealed elsewhere
             if fingerprint not in self._refused:
-                log.warning("engine %s as stored cannot be served: %s", engine.name, exc)
+                # The error's kind and first message only: a validation error's full text
+                # repeats its input, which holds the decrypted api_key.
+                log.warning("engine %s as stored cannot be served: %s", engine.name, _reason(exc))
                 self._refused.add(fingerprint)
             return
         if isinstance(built, DiscoveredEngine):
             served = _Served(fingerprint, ReplicaSet(self._pool, built))
         else:
-            self._pool.add(built.engine, built.limit, built.probe, built.priority)
+            try:
+                self._pool.add(built.engine, built.limit, built.probe, built.priority)
+            except ValueError:
+                # The name is this process's own engine (one with a command, or the local
+                # one): that one goes on, the stored one is not served here.
+                if fingerprint not in self._refused:
+                    log.warning(
+                        "engine %s as stored is not served by this worker: an engine of its "
+                        "own has that name; rename one of them",
+                        engine.name,
+                    )
+                    self._refused.add(fingerprint)
+                return
             served = _Served(fingerprint)
         self._served[engine.name] = served
 
@@ -118,3 +145,12 @@ class StoredEngines:
         now = self._clock.monotonic()
         due = [s.next_lookup - now for s in self._served.values() if s.replicas is not None]
         return max(0.05, min([self._poll_s, *due]))
+
+
+def _reason(exc: Exception) -> str:
+    """What is wrong, without the input that was refused."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "engine"
+        return f"{where}: {first['msg']}"
+    return type(exc).__name__

@@ -115,10 +115,13 @@ class EngineAdmin:
 
     async def seed(self, specs: Sequence[EngineSettings]) -> None:
         """Write the engines a config file lists (the file wins for their names) and remove
-        the file's engines it no longer lists. One that is stored as the file says is left
-        as it is: every worker that starts must not make the others rebuild it."""
+        the file's engines it no longer lists (when it lists any). One that is stored as the
+        file says is left as it is: every worker that starts must not make the others rebuild
+        it."""
         listed = {spec.name: spec for spec in specs if not spec.command}
-        for stored in await self._store.stored_engines():
+        # A file without engines removes nothing: a worker configured to follow the API only
+        # (or started from an old file mid-rollout) must not drain every worker's engines.
+        for stored in await self._store.stored_engines() if listed else []:
             if stored.source == EngineSource.FILE and stored.name not in listed:
                 await self._store.delete_engine(stored.name)
                 log.info("engine %s is no longer in the config file: removed", stored.name)

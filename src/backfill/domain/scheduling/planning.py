@@ -266,7 +266,9 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
     for model in sorted(lanes_of.keys() | running_of.keys()):
         lanes = lanes_of.get(model, [])
         running = running_of.get(model, [])
-        busy = any(lane.ready for lane in lanes)
+        # Waiting for an engine's start, the model serves nothing however much work waits: a
+        # window across the start would measure the start, which ``delays`` already counts.
+        busy = any(lane.ready for lane in lanes) and model not in delays
         grown = sum(lane.served - lane.served_mark for lane in lanes)
         served = sum(lane.served for lane in lanes)
         rate = measure(previous.get(model), model, served, busy, now, up.get(model, 0))
