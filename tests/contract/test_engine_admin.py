@@ -5,18 +5,25 @@ it no longer lists are removed)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import pytest
 
 from backfill.adapters.blobs.crypto import Keyring
-from backfill.adapters.clock import ManualClock
+from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.db.store import SqlStore
+from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.engine_config import EngineSource
+from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode
 from backfill.errors import Conflict, InvalidInput, NotFound
+from backfill.runner.discovery import Replica
+from backfill.runner.engine_pool import EnginePool
+from backfill.runner.stored_engines import StoredEngines
 from backfill.services.engine_admin import EngineAdmin
 from backfill.settings import EngineSettings
+from tests.unit.test_runner_engines import Recorder
 
 VLLM = {"name": "vllm-a", "base_url": "http://10.0.0.5:8000/v1", "models": ["qwen"]}
 
@@ -113,3 +120,27 @@ async def test_the_config_file_seeds_the_table_and_wins_for_its_names(store: Sql
     other = EngineSettings.model_validate(VLLM | {"name": "vllm-b"})
     await admin.seed([other])
     assert {e.name for e in await admin.all()} == {"vllm-b", "from-api"}
+
+
+async def test_a_stored_engine_named_like_a_workers_own_is_not_served_there(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's own engine of that name (one with a command) goes on; the stored one is
+    skipped with one warning, and the other stored engines are still served."""
+    admin = admin_of(store)
+    await admin.add({"name": "chat", "base_url": "http://10.0.0.9:8000/v1", "models": ["m"]})
+    await admin.add({"name": "other", "base_url": "http://10.0.0.8:8000/v1", "models": ["m"]})
+    own = FakeEngine("chat", ("m",))
+    pool = EnginePool([own], Recorder().start, clock=SystemClock())
+
+    def build(spec: EngineSettings) -> Replica:
+        return Replica(FakeEngine(spec.name, ("m",)), ConcurrencyLimit(4, Mode.DEDICATED))
+
+    stored = StoredEngines(pool, admin, build, SystemClock(), poll_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="backfill.runner"):
+        await stored.start()
+        await stored.step()
+    assert [s.engine for s in pool.slots if s.engine.name == "chat"] == [own]
+    assert {s.engine.name for s in pool.slots} == {"chat", "other"}
+    warned = [r.getMessage() for r in caplog.records if "an engine of its own" in r.getMessage()]
+    assert len(warned) == 1, warned
