@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import pytest
+from cryptography.exceptions import InvalidTag
 
 from backfill.adapters.blobs.crypto import Keyring
 from backfill.adapters.clock import ManualClock, SystemClock
@@ -144,3 +145,15 @@ async def test_a_stored_engine_named_like_a_workers_own_is_not_served_there(
     assert {s.engine.name for s in pool.slots} == {"chat", "other"}
     warned = [r.getMessage() for r in caplog.records if "an engine of its own" in r.getMessage()]
     assert len(warned) == 1, warned
+
+
+async def test_settings_are_shown_without_opening_the_key(store: SqlStore) -> None:
+    """A key sealed under another master key (a restore from elsewhere) keeps the engine
+    from being served, not its settings from being listed."""
+    await admin_of(store, Keyring(os.urandom(32))).add(VLLM | {"api_key": "k"})
+    other = admin_of(store, Keyring(os.urandom(32)))
+    stored = await other.get("vllm-a")
+    assert other.shown(stored).base_url == VLLM["base_url"]
+    assert other.shown(stored).api_key is None
+    with pytest.raises(InvalidTag):
+        other.settings(stored)

@@ -149,6 +149,11 @@ class EngineAdmin:
             {"name": engine.name, **engine.spec, "api_key": self.api_key(engine)}
         )
 
+    def shown(self, engine: StoredEngine) -> EngineSettings:
+        """The stored engine's settings without its API key, which is not even opened: a key
+        sealed under another master key must not keep the others from being listed."""
+        return EngineSettings.model_validate({"name": engine.name, **engine.spec})
+
     def _same(self, stored: StoredEngine, spec: EngineSettings) -> bool:
         return (
             stored.enabled

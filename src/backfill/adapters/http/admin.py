@@ -241,7 +241,7 @@ async def list_engines(_: Admin, svc: Svc) -> Response:
 def stored_engine_object(admin: EngineAdmin, engine: StoredEngine) -> dict[str, Any]:
     """An engine as stored for every worker (docs/fleet.md): its settings, defaults included,
     and whether it has an API key, never the key."""
-    settings = admin.settings(engine).model_dump(mode="json", exclude={"name", "api_key"})
+    settings = admin.shown(engine).model_dump(mode="json", exclude={"name", "api_key"})
     return {
         "id": engine.name,
         "object": "engine.settings",
