@@ -93,6 +93,7 @@ def shared_server(tmp_path: Path, vllm_engine: VllmProcess) -> Iterator[ServerPr
         server.stop()
 
 
+@pytest.mark.usefixtures("calibrated_cpu")
 def test_people_waiting_for_a_slot_get_batch_slots_back(
     shared_server: ServerProcess, vllm_engine: VllmProcess
 ) -> None:

@@ -59,6 +59,7 @@ def itl(page: str) -> tuple[float, float]:
     return value("inter_token_latency_seconds_sum"), value("inter_token_latency_seconds_count")
 
 
+@pytest.mark.usefixtures("calibrated_cpu")
 async def test_the_learnt_step_line_predicts_the_step_at_each_level(
     vllm_engine: VllmProcess,
 ) -> None:
@@ -88,7 +89,9 @@ async def test_the_learnt_step_line_predicts_the_step_at_each_level(
                 async with session.get(probe.url) as r:
                     after = itl(await r.text())
                 await runs
-                measured[level] = (after[0] - before[0]) / (after[1] - before[1])
+                tokens = after[1] - before[1]
+                assert tokens > 0, f"no token came at {level} sequences in {PHASE_S - 2} s"
+                measured[level] = (after[0] - before[0]) / tokens
     finally:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
