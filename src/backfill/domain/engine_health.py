@@ -272,11 +272,15 @@ _WAITING = (EngineState.STARTING, EngineState.STANDBY)
 
 def model_health(reports: Iterable[EngineReport]) -> dict[str, ModelHealth]:
     """Each model the ``reports`` name, and whether any of their engines can serve it."""
+    return {model: _health(of) for model, of in _by_model(reports).items()}
+
+
+def _by_model(reports: Iterable[EngineReport]) -> dict[str, list[EngineReport]]:
     by_model: dict[str, list[EngineReport]] = {}
     for report in reports:
         for model in report.models:
             by_model.setdefault(model, []).append(report)
-    return {model: _health(of) for model, of in by_model.items()}
+    return by_model
 
 
 def _health(reports: list[EngineReport]) -> ModelHealth:
@@ -296,20 +300,21 @@ def start_delays(reports: Iterable[EngineReport], now: float) -> dict[str, float
     one answers: an engine on standby takes its learnt start (``DEFAULT_START_S`` before one
     was measured), a starting one what is left of it. Models with an engine up, or none
     starting, are left out: their work does not wait for a start."""
-    live = [r for r in reports if r.until >= now]
     delays: dict[str, float] = {}
-    for model, health in model_health(live).items():
-        if health.starting_since is None:
+    for model, of in _by_model(r for r in reports if r.until >= now).items():
+        if any(r.state == EngineState.UP for r in of):
             continue
-        left = [
-            max(0.0, (r.start_s or DEFAULT_START_S) - (now - r.since))
-            if r.state == EngineState.STARTING
-            else r.start_s or DEFAULT_START_S
-            for r in live
-            if model in r.models and r.state in _WAITING
-        ]
-        delays[model] = min(left)
+        left = [_start_left(r, now) for r in of if r.state in _WAITING]
+        if left:
+            delays[model] = min(left)
     return delays
+
+
+def _start_left(report: EngineReport, now: float) -> float:
+    learnt = report.start_s or DEFAULT_START_S
+    if report.state == EngineState.STARTING:
+        return max(0.0, learnt - (now - report.since))
+    return learnt
 
 
 def replicas_up(reports: Iterable[EngineReport], now: float) -> dict[str, int]:
