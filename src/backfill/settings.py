@@ -396,6 +396,13 @@ class SchedulingSettings(BaseModel):
     deadline_admission: bool = True
 
 
+class AuditSettings(BaseModel):
+    """The audit log (docs/observability.md): every admin action and every key use that changes
+    state is kept this many days, then removed by the retention sweep."""
+
+    retention_days: int = Field(400, ge=1)
+
+
 class HttpSettings(BaseModel):
     """The HTTP edge: how much one client may make the API process hold, and for how long.
     A zero timeout would make the connection watchdog spin; a zero size refuses everything."""
@@ -426,6 +433,31 @@ class HttpSettings(BaseModel):
                     f"{entry!r} is not an IP address or network; list the addresses of your "
                     'reverse proxies, e.g. ["10.0.0.5", "10.1.0.0/16"]'
                 ) from None
+        return value
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces (docs/observability.md): off until ``otlp_endpoint`` is set, then
+    spans go there over OTLP/HTTP, and engines are sent the trace context of each request."""
+
+    # The OTLP/HTTP traces URL, e.g. http://otel-collector:4318/v1/traces.
+    otlp_endpoint: str | None = None
+    service_name: str = "backfill"
+    # The share of traces kept (a caller's sampled flag is followed where one is sent).
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    # Sent with every export, e.g. {"authorization" = "Bearer …"} for a hosted collector.
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError(
+                f"{value!r} is not an http(s) URL; write the collector's OTLP/HTTP traces "
+                "URL, e.g. http://localhost:4318/v1/traces"
+            )
         return value
 
 
@@ -615,6 +647,8 @@ class Settings(BaseSettings):
     default_org_credit_usd: str = "100"
     idempotency_required: bool = False
     log_level: str = "info"
+    # "json": one JSON object a line (time, level, logger, message, request_id, trace_id).
+    log_format: Literal["text", "json"] = "text"
 
     models: list[ModelSettings] = Field(default_factory=list)
     deployments: list[DeploymentSettings] = Field(default_factory=list)
@@ -636,6 +670,8 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     smtp: MailSettings = Field(default_factory=MailSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
     # The flat names the file and the environment used (for the notice at start).
     _flat_in_file: tuple[str, ...] = PrivateAttr(default=())

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 import uvicorn
 
+from backfill.adapters.logs import JsonLines
 from backfill.adapters.private import private_dir
 from backfill.cli import admin, batch
 from backfill.cli.banner import ready_banner, site
@@ -42,11 +43,14 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+def _logging(level: str, log_format: Literal["text", "json"] = "text") -> None:
+    """Log to stderr at ``level``, as text lines or as one JSON object a line."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     # Migration chatter ("Context impl SQLiteImpl") is noise at every start.
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -115,6 +119,7 @@ class _Server(uvicorn.Server):
 
 def _serve(settings: Settings, role: str, on_ready: Callable[[], None] | None = None) -> None:
     from backfill.adapters.http.server import server_config
+    from backfill.adapters.tracing import install as install_tracing
     from backfill.container import build
 
     # A busy worker allocates many short-lived objects; with the default threshold the cyclic
@@ -123,6 +128,8 @@ def _serve(settings: Settings, role: str, on_ready: Callable[[], None] | None = 
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
 
+    # Off unless [tracing] names a collector; the SDK and its exporter load only here.
+    install_tracing(settings.tracing)
     backfill = build(settings, role=role)
     if role == "worker":
         asyncio.run(_run_worker(backfill))
@@ -179,7 +186,7 @@ def up(
     """Embedded mode: API, scheduler and a local engine in one process, SQLite on disk."""
     settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
     _refuse_weak_admin_token(settings)
-    _logging(settings.log_level)
+    _logging(settings.log_level, settings.log_format)
     _note_renamed(settings)
     _lock(settings.data_dir)
     with operator_errors():
@@ -211,7 +218,7 @@ def serve(
         raise typer.BadParameter("role must be all, api or worker", param_hint="--role")
     settings = load(config, port=port)
     _refuse_weak_admin_token(settings)
-    _logging(settings.log_level)
+    _logging(settings.log_level, settings.log_format)
     _note_renamed(settings)
     if role == "all" and settings.resolved_database_url.startswith("sqlite"):
         _lock(settings.data_dir)

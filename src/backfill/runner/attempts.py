@@ -8,15 +8,19 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+
 from backfill.domain.embeddings import requested
 from backfill.domain.endpoints import EMBEDDINGS_URL
 from backfill.domain.records import ClaimedItem, WorkBatch
 from backfill.metrics import Metrics
-from backfill.ports import Clock, EngineTimeout, EngineUnreachable
+from backfill.ports import Clock, EngineReply, EngineTimeout, EngineUnreachable
 from backfill.runner.give_back import GivenBack
 from backfill.runner.replies import Outcome, engine_error, failed, succeeded
 from backfill.runner.retry import backoff_s, is_transient
 from backfill.runner.slots import EngineSlot
+from backfill.runner.spans import tracer
 
 # Answers that say the engine has no room now: a shared engine takes fewer (SPEC §9.5).
 _OVERLOADED = frozenset({429, 503})
@@ -54,7 +58,7 @@ class Attempts:
             started = self._clock.monotonic()
             reason = "timeout"
             try:
-                reply = await slot.sends.run(engine.send(batch.endpoint, batch.model, body))
+                reply = await self._send(slot, batch, item, attempt, body)
             except GivenBack:
                 self._metrics.given_back.labels(engine.name).inc()
                 self._metrics.given_back_seconds.labels(engine.name).inc(
@@ -87,3 +91,51 @@ class Attempts:
                 return final
             self._metrics.retries.labels(engine.name, reason).inc()
             await asyncio.sleep(delay)
+
+    async def _send(
+        self,
+        slot: EngineSlot,
+        batch: WorkBatch,
+        item: ClaimedItem,
+        attempt: int,
+        body: dict[str, Any],
+    ) -> EngineReply:
+        """One try at the engine, in an engine-request span whose context the engine is sent
+        (``traceparent``) when tracing is on."""
+        engine = slot.engine
+        call = engine.send(batch.endpoint, batch.model, body)
+        span = tracer.start_span("engine.request", kind=SpanKind.CLIENT)
+        if not span.get_span_context().is_valid:
+            return await slot.sends.run(call)
+        recording = span.is_recording()
+        if recording:
+            span.set_attributes(
+                {
+                    "backfill.batch_id": batch.id,
+                    "backfill.line": item.idx,
+                    "backfill.model": batch.model,
+                    "backfill.endpoint": batch.endpoint,
+                    "backfill.engine": engine.name,
+                    "backfill.attempt": attempt,
+                }
+            )
+        # The exception's type only: a message may quote the engine's answer.
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                reply = await slot.sends.run(call)
+            except GivenBack:
+                # Not a failure: people took the slot back; the line runs again later.
+                if recording:
+                    span.set_attribute("backfill.given_back", True)
+                raise
+            except BaseException as exc:
+                if recording:
+                    span.set_status(StatusCode.ERROR, type(exc).__name__)
+                raise
+            if recording:
+                span.set_attribute("http.response.status_code", reply.status)
+                if reply.status != 200:
+                    span.set_status(StatusCode.ERROR, f"HTTP {reply.status}")
+            return reply

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
+
+from opentelemetry.util.types import AttributeValue
 
 from backfill.domain.catalog import Billing
 from backfill.domain.input_format import request_body
 from backfill.domain.media import may_hold_remote_images, remote_image_urls
-from backfill.domain.records import WorkBatch
+from backfill.domain.records import Claim, WorkBatch
 from backfill.domain.scheduling.locality import assign, prefix_key
 from backfill.ports import BlobStore, Clock, LedgerStore, WorkQueue
 from backfill.runner.engine_pool import EnginePool
@@ -25,6 +28,7 @@ from backfill.runner.inputs import ClaimInput, Queued
 from backfill.runner.leases import Leases
 from backfill.runner.loops import Pace
 from backfill.runner.slots import EngineSlot
+from backfill.runner.spans import span_since
 
 # A line the full fetch pool turned away is claimable again after this long. At once, the next
 # claim (for a line of another org, say) would bring it back to be turned away again, each
@@ -133,12 +137,19 @@ class Dispatcher:
                 claimed += await self._claim_for_replicas(slots)
         return claimed
 
-    async def _claim(self, models: Sequence[str], wanted: int) -> list[Queued]:
-        """Lease up to ``wanted`` lines of these models, less those of paused orgs."""
+    async def _claim(
+        self, slots: Sequence[EngineSlot], models: Sequence[str], wanted: int
+    ) -> list[Queued]:
+        """Lease up to ``wanted`` lines of these models for ``slots``, less those of paused
+        orgs."""
         now = self._clock.now()
         leases = self._leases
         self._asked = True
+        # Spans are dated by the wall clock, which a test's manual Clock would not follow.
+        started_ns = time.time_ns()
         claims = await self._queue.claim(models, wanted, leases.token, now + leases.lease_s, now)
+        if claims:
+            span_since("worker.claim", started_ns, lambda: _claimed(slots, models, wanted, claims))
         queued: list[Queued] = []
         for claim in claims:
             read = ClaimInput(self._blobs, claim)
@@ -151,7 +162,7 @@ class Dispatcher:
     async def _claim_for(self, slot: EngineSlot) -> int:
         if slot.wanted < slot.claim_threshold:
             return 0
-        queued = await self._claim(slot.engine.models, slot.wanted)
+        queued = await self._claim([slot], slot.engine.models, slot.wanted)
         if self._fetch_first is None:
             slot.offer(queued)
             return len(queued)
@@ -199,7 +210,7 @@ class Dispatcher:
         wanted = [slot.wanted for slot in slots]
         if sum(wanted) < min(slot.claim_threshold for slot in slots):
             return 0
-        queued = await self._claim(slots[0].engine.models, sum(wanted))
+        queued = await self._claim(slots, slots[0].engine.models, sum(wanted))
         lines = await _lines(queued)
         keys = [prefix_key(line) for line in lines]
         ordered = sorted(zip(keys, queued, lines, strict=True), key=lambda triple: triple[0])
@@ -258,3 +269,17 @@ async def _lines(queued: Sequence[Queued]) -> list[bytes]:
         except Exception:
             lines.append(b"")
     return lines
+
+
+def _claimed(
+    slots: Sequence[EngineSlot], models: Sequence[str], wanted: int, claims: Sequence[Claim]
+) -> dict[str, AttributeValue]:
+    """What a claim span tells: for which engines and models, how many lines were asked for
+    and leased, of which batches."""
+    return {
+        "backfill.engines": [slot.engine.name for slot in slots],
+        "backfill.models": list(models),
+        "backfill.wanted": wanted,
+        "backfill.lines": sum(len(claim.items) for claim in claims),
+        "backfill.batch_ids": sorted({claim.batch.id for claim in claims}),
+    }

@@ -14,6 +14,9 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
 from backfill.domain import ids
 from backfill.domain.files import FileRecord, content_key, output_record
 from backfill.domain.lifecycle import BatchStatus
@@ -22,6 +25,7 @@ from backfill.domain.reruns import rerun_key
 from backfill.domain.streams import read_ahead
 from backfill.ports import BlobStore, BlobWriter, Clock, ResultStore, Sealer
 from backfill.runner.rerun_input import RerunInput
+from backfill.runner.spans import tracer
 from backfill.services.result_rows import render
 
 log = logging.getLogger("backfill.finalize")
@@ -136,9 +140,44 @@ class Finalizer:
         taken = await self._store.take_finalize(batch.id, [expected], self.token, until, now)
         if not taken.taken:
             return False
-        if taken.previous is not None and taken.previous != self.token:
+        # A span only for the worker that holds the lease: every worker asks for every batch.
+        with tracer.start_as_current_span(
+            "batch.finalize", record_exception=False, set_status_on_exception=False
+        ) as span:
+            recording = span.is_recording()
+            if recording:
+                span.set_attributes(
+                    {
+                        "backfill.batch_id": batch.id,
+                        "backfill.status": terminal.value,
+                        "backfill.took_over": taken.previous not in (None, self.token),
+                    }
+                )
+            try:
+                published = await self._held(
+                    batch, expected, terminal, before, taken.previous, until
+                )
+            except BaseException as exc:
+                if recording:
+                    span.set_status(StatusCode.ERROR, type(exc).__name__)
+                raise
+            if recording:
+                span.set_attribute("backfill.published", published)
+            return published
+
+    async def _held(
+        self,
+        batch: BatchRecord,
+        expected: BatchStatus,
+        terminal: BatchStatus,
+        before: Callable[[], Awaitable[object]] | None,
+        previous: str | None,
+        until: float,
+    ) -> bool:
+        """The attempt once its lease is held: write the files, publish them."""
+        if previous is not None and previous != self.token:
             log.info("finalizing %s, taking over from an attempt whose lease ran out", batch.id)
-            await self._discard(batch.id, taken.previous)
+            await self._discard(batch.id, previous)
         lease = _Lease(self._store, self._clock, batch.id, self.token, self._lease_s, until)
         keeper = asyncio.create_task(lease.keep())
         # Until publish is sent this attempt's blobs are nobody's: remove them if it stops.
@@ -150,6 +189,10 @@ class Finalizer:
             out_id = result_file_id(batch.id, "output", self.token)
             err_id = result_file_id(batch.id, "error", self.token)
             out_size, err_size = await self._write(batch, out_id, err_id, lease)
+            if (span := trace.get_current_span()).is_recording():
+                span.set_attributes(
+                    {"backfill.output_bytes": out_size, "backfill.error_bytes": err_size}
+                )
             lease.check()
             now_s = int(self._clock.now())
             unpublished = False

@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass
 
 import orjson
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
 
 from backfill.domain import ids
 from backfill.domain.notifications import (
@@ -35,6 +37,7 @@ from backfill.ports import (
     WebhookSender,
 )
 from backfill.runner.loops import end_within
+from backfill.runner.spans import tracer
 
 log = logging.getLogger("backfill.notify")
 
@@ -126,7 +129,20 @@ class Notifier:
 
     async def _guarded(self, message: Notification, token: str) -> None:
         try:
-            await self._attempt(message, token)
+            # The receiver's address stays out of the span: a webhook URL may hold a token.
+            with tracer.start_as_current_span(
+                "notification.deliver", record_exception=False, set_status_on_exception=False
+            ) as span:
+                if span.is_recording():
+                    span.set_attributes(
+                        {
+                            "backfill.batch_id": message.batch_id,
+                            "backfill.notification_id": message.id,
+                            "backfill.channel": message.channel.value,
+                            "backfill.attempt": message.attempts,
+                        }
+                    )
+                await self._attempt(message, token)
         except Exception:
             # The database failed while the attempt was recorded: its lease runs out and the
             # message is tried again.
@@ -212,6 +228,13 @@ class Notifier:
         )
         outcome = "delivered" if delivered else ("retrying" if next_at is not None else "given_up")
         self._metrics.notifications.labels(message.channel.value, outcome).inc()
+        if (span := trace.get_current_span()).is_recording():
+            # The outcome, not the error's words: they may quote the receiver's answer.
+            span.set_attribute("backfill.outcome", outcome)
+            if status is not None:
+                span.set_attribute("http.response.status_code", status)
+            if not delivered:
+                span.set_status(StatusCode.ERROR, outcome)
         if not delivered:
             log.warning(
                 "%s notification %s of batch %s, attempt %d: %s (%s)",

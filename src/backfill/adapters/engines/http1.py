@@ -17,6 +17,7 @@ import asyncio
 import base64
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import unquote, urlsplit
@@ -178,11 +179,20 @@ class Http1Pool:
         self._total_s = total_s
         self._idle: list[_Exchange] = []
 
-    async def post(self, path: str, body: bytes) -> Answer:
+    async def post(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> Answer:
+        """``headers``: sent with this request only, after the pool's (trace context)."""
+        extra = b""
+        if headers:
+            if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
+                raise ValueError("a request header holds a line break")
+            extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
         request = b"".join(
             (
                 f"POST {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1"),
                 self._head,
+                extra,
                 b"Content-Length: %d\r\n\r\n" % len(body),
                 body,
             )

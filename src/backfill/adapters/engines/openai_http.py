@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
+from opentelemetry import propagate, trace
 
 from backfill.adapters.engines.http1 import Http1Pool
 from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
@@ -93,6 +94,17 @@ def _cause(error: OSError) -> str:
     return (error.strerror or type(error).__name__).lower()
 
 
+def _trace_context() -> dict[str, str] | None:
+    """``traceparent`` (and ``tracestate``) of the span this request is sent in, so an engine
+    that traces (vLLM's --otlp-traces-endpoint) continues Backfill's trace; None outside one,
+    as always when tracing is off."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
 class OpenAIHttpEngine:
     """Sends each request non-streaming, with the model renamed to the engine's served name."""
 
@@ -165,7 +177,7 @@ class OpenAIHttpEngine:
             payload["priority"] = self._priority
         try:
             # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.
-            answer = await self._pool().post(path, msgspec.json.encode(payload))
+            answer = await self._pool().post(path, msgspec.json.encode(payload), _trace_context())
         except ValueError as exc:  # a base_url or api_key no request can carry
             raise EngineUnreachable(f"{self.name}: {exc}") from None
         except TimeoutError:

@@ -21,6 +21,7 @@ from backfill.adapters.http.progress_routes import router as progress_router
 from backfill.adapters.http.reruns import router as reruns_router
 from backfill.adapters.http.results_routes import router as results_router
 from backfill.adapters.http.routes import router
+from backfill.adapters.http.tracing import ServerSpans
 from backfill.errors import Unauthorized
 from backfill.services.bundle import Services
 from backfill.settings import Settings
@@ -56,6 +57,10 @@ def create_app(
         redoc_url=None,
         # Served below, completed with the bodies and answers FastAPI cannot infer.
         openapi_url=None,
+        # FastAPI's own telemetry (newer releases; older ones ignore the keyword) would make a
+        # second server span, holding the raw path, whenever a tracer provider is installed,
+        # and may add exporters from OTEL_* variables: ServerSpans is the API's one span.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.services = services
     app.state.admin_token = admin_token
@@ -71,6 +76,9 @@ def create_app(
         brake=brake,
     )
     app.add_middleware(RequestIdMiddleware)
+    if settings.tracing.otlp_endpoint:
+        # Around the others, so the span covers the request id's and the guard's answers too.
+        app.add_middleware(ServerSpans)
     app.include_router(router)
     app.include_router(results_router)
     app.include_router(progress_router)

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backfill.adapters.logs import current_request_id
 from backfill.domain import ids
 from backfill.errors import BackfillError
 
@@ -138,6 +139,8 @@ class RequestIdMiddleware:
                 message["headers"] = headers
             await send(message)
 
+        # Every log line written while the request is served names it (JSON logs).
+        token = current_request_id.set(request_id.decode("latin-1"))
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
@@ -153,3 +156,5 @@ class RequestIdMiddleware:
                     retryable=True,
                 )
                 await response(scope, receive, send_with_id)
+        finally:
+            current_request_id.reset(token)

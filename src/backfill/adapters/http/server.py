@@ -21,6 +21,7 @@ from typing import Any, ClassVar, cast
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from backfill.adapters.http.envelope import envelope
@@ -332,6 +333,8 @@ def server_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # JSON logs: uvicorn's own lines go through the root logger's JSON formatter too.
+        log_config=LOGGING_CONFIG if settings.log_format == "text" else None,
         access_log=False,
         timeout_graceful_shutdown=5,
         http=guarded_protocol(ConnectionLimits.from_settings(settings)),
