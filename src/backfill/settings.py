@@ -384,6 +384,9 @@ class WorkerSettings(BaseModel):
     janitor_interval_s: float = 60.0
     # How often each worker looks for notifications that are due.
     notify_interval_s: float = Field(1.0, gt=0)
+    # Where a `serve --role worker` process answers /healthz, /readyz and /metrics (on the
+    # top-level host). Off by default: several workers on one machine would collide on a port.
+    http_port: int | None = Field(None, ge=1, le=65535)
 
 
 class SchedulingSettings(BaseModel):

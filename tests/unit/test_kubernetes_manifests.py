@@ -1,9 +1,9 @@
 """The Kubernetes manifests in deploy/kubernetes render with kustomize, are valid objects of the
 Kubernetes API (offline, against the schemas kubernetes-validate bundles), and are wired to
-what Backfill really does: the probes ask the paths the API answers, the settings and secrets
-reach the settings Backfill reads, the grace period covers a worker's stop, and the alerts and
-the dashboard ask for metrics /metrics really exposes. Each check fails when a manifest drifts
-from another or from the code."""
+what Backfill really does: the probes ask the paths the API and the workers answer, the
+settings and secrets reach the settings Backfill reads, the grace period covers a worker's
+stop, and the alerts and the dashboard ask for metrics /metrics really exposes. Each check
+fails when a manifest drifts from another or from the code."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import typer
@@ -28,12 +29,13 @@ from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import Receive, Scope, Send
 
 from backfill.adapters.http.server import server_config
+from backfill.adapters.http.worker_probe import WorkerProbe
 from backfill.cli.main import app as cli_app
 from backfill.metrics import Metrics
 from backfill.runner import notify, worker
 from backfill.runner.group_commit import ResultWriter
 from backfill.settings import EngineSettings, Settings
-from tests.support import InProcess
+from tests.support import InProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -48,6 +50,7 @@ IMAGE_UID = 10001
 # Objects of the Prometheus Operator and KEDA: not in Kubernetes' schemas, checked below.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
 }
@@ -142,13 +145,19 @@ def check_custom(o: Obj) -> None:
     """What the API server would refuse of the CRDs' objects, or what would do nothing."""
     assert o["metadata"]["name"]
     spec = o["spec"]
-    if o["kind"] == "ServiceMonitor":
+    if o["kind"] in ("ServiceMonitor", "PodMonitor"):
         assert spec["selector"]["matchLabels"]
-        assert spec["endpoints"], "a ServiceMonitor without endpoints scrapes nothing"
-        for endpoint in spec["endpoints"]:
+        key = "endpoints" if o["kind"] == "ServiceMonitor" else "podMetricsEndpoints"
+        assert set(spec) == {"selector", key}, f"{o['kind']}: {sorted(spec)}"
+        assert spec[key], f"a {o['kind']} without {key} scrapes nothing"
+        for endpoint in spec[key]:
+            assert set(endpoint) <= {"port", "path", "interval", "authorization"}, endpoint
             assert isinstance(endpoint["port"], str)
             assert endpoint["path"].startswith("/")
             assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
+            if "authorization" in endpoint:
+                assert endpoint["authorization"]["type"] == "Bearer"
+                assert set(endpoint["authorization"]["credentials"]) == {"name", "key"}
     elif o["kind"] == "PrometheusRule":
         assert spec["groups"]
         for group in spec["groups"]:
@@ -210,6 +219,7 @@ def test_each_overlay_has_the_objects_of_its_mode(
     for objects in (embedded, scale_out):
         for kind in ("Service", "Secret", "ServiceMonitor", "PrometheusRule"):
             one(objects, kind, "backfill")
+        one(objects, "PodMonitor", "backfill-worker")
         for o in objects:
             if o["kind"] != "Namespace":
                 assert o["metadata"].get("namespace") == "backfill", o["metadata"]["name"]
@@ -284,6 +294,9 @@ def test_the_migration_job_runs_db_upgrade_once(scale_out: list[Obj]) -> None:
     assert main["image"] == container(api)["image"]
 
 
+PROBES = {"livenessProbe", "readinessProbe", "startupProbe"}
+
+
 def test_probes_ask_the_api_its_health_and_readiness(overlay: list[Obj]) -> None:
     service = one(overlay, "Service", "backfill")
     serving = [
@@ -294,10 +307,12 @@ def test_probes_ask_the_api_its_health_and_readiness(overlay: list[Obj]) -> None
     assert serving, "the Service selects no pods"
     for o, pod in workloads(overlay):
         main = container(pod)
+        if o["metadata"]["name"] == "backfill-worker":
+            continue  # its own port: test_workers_are_probed_on_their_own_port
         if (o, pod) not in serving:
-            # A worker or the migration: no HTTP port, so no HTTP probe.
+            # The migration: no HTTP port, so no HTTP probe.
             assert "ports" not in main
-            assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(main)
+            assert not PROBES & set(main)
             continue
         ports = {p["name"]: p["containerPort"] for p in main["ports"]}
         for port in service["spec"]["ports"]:
@@ -306,6 +321,19 @@ def test_probes_ask_the_api_its_health_and_readiness(overlay: list[Obj]) -> None
         assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
         assert main["startupProbe"]["httpGet"]["path"] == "/healthz"
         assert "http" in ports
+
+
+def test_workers_are_probed_on_their_own_port(scale_out: list[Obj]) -> None:
+    main = container(one(scale_out, "Deployment", "backfill-worker")["spec"]["template"]["spec"])
+    # worker.http_port: the one port, named for the PodMonitor; the API's port is not served.
+    assert [p["name"] for p in main["ports"]] == ["metrics"]
+    assert set(main) >= PROBES
+    for probe in PROBES:
+        assert main[probe]["httpGet"]["port"] == "metrics", probe
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert main["startupProbe"]["httpGet"]["path"] == "/healthz"
+    # 503 until the worker has started and again while it stops.
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 def test_the_service_leaves_the_workers_out(scale_out: list[Obj]) -> None:
@@ -449,10 +477,16 @@ def test_the_secret_and_settings_reach_every_process(
         assert settings.local_engine is False, "a worker would start the bundled engine"
         mounts = {m["mountPath"] for m in container(pod)["volumeMounts"]}
         assert any(settings.data_dir.is_relative_to(m) for m in mounts), name
-        if o["kind"] == "Deployment" and "ports" in container(pod):
+        if o["kind"] == "Deployment":
+            # The probes and Prometheus reach the pod's address, on the port Backfill serves.
             assert settings.host == "0.0.0.0"
             [port] = container(pod)["ports"]
-            assert settings.port == port["containerPort"]
+            if name == "backfill-worker":
+                assert port["name"] == "metrics"
+                assert settings.worker.http_port == port["containerPort"]
+            else:
+                assert settings.port == port["containerPort"]
+                assert settings.worker.http_port is None, "an API process serves no worker port"
 
 
 def test_the_embedded_pod_reads_its_secrets(
@@ -531,6 +565,32 @@ def test_prometheus_scrapes_the_api_with_the_metrics_token(overlay: list[Obj]) -
     secret = one(overlay, "Secret", credentials["name"])
     assert credentials["key"] == "BACKFILL_METRICS_TOKEN"
     assert credentials["key"] in secret["stringData"]
+
+
+def test_prometheus_scrapes_each_worker_pod_with_the_metrics_token(overlay: list[Obj]) -> None:
+    monitor = one(overlay, "PodMonitor", "backfill-worker")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    selected = [
+        o for o in overlay if o["kind"] == "Deployment" and selector.items() <= labels_of(o).items()
+    ]
+    service = one(overlay, "Service", "backfill")["spec"]["selector"]
+    # Never a pod behind the Service too: its counters would be scraped twice.
+    assert not [o for o in selected if service.items() <= labels_of(o).items()]
+    deployments = {o["metadata"]["name"] for o in overlay if o["kind"] == "Deployment"}
+    # The embedded pod is scraped through the Service; scale-out's workers through this.
+    expected = ["backfill-worker"] if "backfill-worker" in deployments else []
+    assert [o["metadata"]["name"] for o in selected] == expected
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics"
+    for o in selected:
+        ports = container(o["spec"]["template"]["spec"])["ports"]
+        assert endpoint["port"] in {p["name"] for p in ports}
+    # The same credentials as the ServiceMonitor's: one metrics_token for every process.
+    [api_endpoint] = one(overlay, "ServiceMonitor", "backfill")["spec"]["endpoints"]
+    assert endpoint["authorization"] == api_endpoint["authorization"]
+    assert endpoint["interval"] == api_endpoint["interval"]
+    credentials = endpoint["authorization"]["credentials"]
+    assert credentials["key"] in one(overlay, "Secret", credentials["name"])["stringData"]
 
 
 def test_the_rules_alert_on_what_an_operator_must_act_on(overlay: list[Obj]) -> None:
@@ -632,3 +692,22 @@ async def test_the_probed_paths_answer(backfill: InProcess) -> None:
     assert health.status_code == 200
     ready = await backfill.client.get("/readyz")
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+
+
+async def test_the_workers_probed_and_scraped_paths_answer(scale_out: list[Obj]) -> None:
+    main = container(one(scale_out, "Deployment", "backfill-worker")["spec"]["template"]["spec"])
+    [endpoint] = one(scale_out, "PodMonitor", "backfill-worker")["spec"]["podMetricsEndpoints"]
+    paths = {main[probe]["httpGet"]["path"] for probe in PROBES} | {endpoint["path"]}
+
+    async def render() -> bytes:
+        return Metrics().render()
+
+    probe = WorkerProbe("127.0.0.1", free_port(), render_metrics=render, metrics_token=None)
+    await probe.start()
+    try:
+        probe.mark_ready()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{probe.port}") as client:
+            for path in sorted(paths):
+                assert (await client.get(path)).status_code == 200, path
+    finally:
+        await probe.stop()

@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -30,6 +30,7 @@ from backfill.settings import Settings
 if TYPE_CHECKING:
     from types import FrameType
 
+    from backfill.adapters.http.worker_probe import WorkerProbe
     from backfill.container import Backfill
 
 app = typer.Typer(
@@ -132,15 +133,21 @@ def _serve(settings: Settings, role: str, on_ready: Callable[[], None] | None = 
     install_tracing(settings.tracing)
     backfill = build(settings, role=role)
     if role == "worker":
+        if settings.worker.http_port is not None:
+            _warn_open_metrics(settings)
         asyncio.run(_run_worker(backfill))
         return
+    _warn_open_metrics(settings)
+    _Server(server_config(backfill.app(), settings), on_ready).run()
+
+
+def _warn_open_metrics(settings: Settings) -> None:
     if not settings.metrics_token and not _is_loopback(settings.host):
         logging.getLogger("backfill").warning(
             "/metrics is open to anyone who can reach %s; set metrics_token or block it at "
             "the proxy.",
             settings.host,
         )
-    _Server(server_config(backfill.app(), settings), on_ready).run()
 
 
 def _is_loopback(host: str) -> bool:
@@ -164,11 +171,47 @@ async def _run_worker(backfill: Backfill) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, done.set)
-    await backfill.start()
+    probe = _worker_probe(backfill.settings, backfill.services.operations.render_metrics)
+    # Listening before the start, so a port in use stops the process before it claims work,
+    # and liveness answers while engines start (readiness says "starting" until then).
+    if probe is not None:
+        await probe.start()
     try:
-        await done.wait()
+        await backfill.start()
+        if probe is not None:
+            probe.mark_ready()
+        try:
+            await done.wait()
+        finally:
+            # Not ready while the worker drains, yet alive and scraped until it has stopped.
+            if probe is not None:
+                probe.mark_stopping()
+            await backfill.stop()
     finally:
-        await backfill.stop()
+        if probe is not None:
+            await probe.stop()
+
+
+def _worker_probe(
+    settings: Settings, render_metrics: Callable[[], Awaitable[bytes]]
+) -> WorkerProbe | None:
+    """The worker's /healthz, /readyz and /metrics where ``worker.http_port`` is set."""
+    port = settings.worker.http_port
+    if port is None:
+        return None
+    from backfill.adapters.http.auth import FailureBrake
+    from backfill.adapters.http.worker_probe import WorkerProbe
+
+    brake = None
+    if settings.http.auth_failure_limit > 0:
+        brake = FailureBrake(settings.http.auth_failure_limit, settings.http.auth_failure_window_s)
+    return WorkerProbe(
+        settings.host,
+        port,
+        render_metrics=render_metrics,
+        metrics_token=settings.metrics_token,
+        brake=brake,
+    )
 
 
 @app.command()
