@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from backfill.domain.audit import AuditEntry, Outcome
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.chunks import ChunkRef
 from backfill.domain.engine_config import StoredEngine
@@ -723,6 +724,33 @@ class EngineConfigStore(Protocol):
         ...
 
 
+class AuditStore(Protocol):
+    """The audit log (domain/audit.py). A change's own row is appended by its transaction; these
+    are the rows of actions that never reached a write, their outcomes, reads and retention."""
+
+    async def append_audit(self, entry: AuditEntry) -> int: ...
+
+    async def settle_audit(
+        self, entry_id: int, outcome: Outcome, status: int, error: str | None
+    ) -> None: ...
+
+    async def audit_page(
+        self,
+        *,
+        before: int | None,
+        limit: int,
+        org_id: str | None = None,
+        action: str | None = None,
+        actor: str | None = None,
+    ) -> list[AuditEntry]:
+        """Newest first, below ``before`` (an id) when given."""
+        ...
+
+    async def prune_audit(self, before_at: float) -> int:
+        """Removes the rows of actions made before ``before_at``; returns how many."""
+        ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -737,6 +765,7 @@ class Store(
     OverviewStore,
     EngineHealthStore,
     EngineConfigStore,
+    AuditStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

@@ -29,6 +29,7 @@ from backfill.cli.common import (
 )
 from backfill.cli.engines import engine_add, engine_remove, engine_set, engine_show
 from backfill.cli.notify import email_app, webhook_app
+from backfill.domain.audit import AuditEntry
 from backfill.domain.catalog import CatalogModel
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.engine_health import EngineReport, EngineState
@@ -36,6 +37,7 @@ from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import ModelQueue
 from backfill.domain.records import ApiKey, Org
 from backfill.domain.scheduling.fair_share import MAX_WEIGHT, MIN_WEIGHT
+from backfill.services.audit import entry_id
 from backfill.settings import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -94,7 +96,7 @@ def org_create(name: str, config: ConfigOpt = None, data: DataOpt = None) -> Non
         org = await b.services.tenants.create_org(name)
         return f"Created organization {org.name} ({org.id})."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("org.create", name))
 
 
 def _org_json(org: Org) -> str:
@@ -134,7 +136,7 @@ def org_set(
     async def action(b: Backfill) -> str:
         return _org_json(await b.services.tenants.set_weight(name, weight))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("org.update", name))
 
 
 @org_app.command("ledger")
@@ -183,7 +185,7 @@ def key_create(
         made = await b.services.tenants.new_key(org, frozenset(scopes.split(",")), name)
         return made.secret
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("key.create", None))
 
 
 def _when(ts: int | None) -> str:
@@ -248,7 +250,7 @@ def key_revoke(
         key = await b.services.tenants.revoke_key(key_id)
         return f"Revoked {key.id} ({key.prefix}…) at {_when(key.revoked_at)}."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("key.revoke", key_id))
 
 
 @credit_app.command("add")
@@ -265,7 +267,7 @@ def credit_add(
         ledger = await b.services.billing.credit(org, usd, note)
         return f"Added {usd} USD to {org}; balance {pico_to_usd(ledger.balance)} USD."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("credit.add", org))
 
 
 def _model_line(m: CatalogModel) -> str:
@@ -331,7 +333,7 @@ def model_set(
     async def action(b: Backfill) -> str:
         return _model_line(await b.services.catalog.put(catalog_model_from(spec)))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("model.put", model_id))
 
 
 @deployment_app.command("set")
@@ -365,7 +367,7 @@ def deployment_set(
         owner = await b.services.tenants.org(org)
         return _model_line(await b.services.catalog.put(catalog_model_from(spec, owner.id)))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("deployment.put", deployment_id))
 
 
 # What a probe found of the request priority Backfill sends (None: not probed, not known yet).
@@ -497,3 +499,58 @@ def queue(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
         typer.echo("The queue is empty: no model has unfinished batches.")
         return
     Console(width=200).print(_queue_table(found))
+
+
+@app.command("audit")
+def audit_log(
+    org: Annotated[str | None, typer.Option(help="Only the actions of this org's keys.")] = None,
+    action: Annotated[
+        str | None, typer.Option(help="Only this action, e.g. batch.cancel or key.create.")
+    ] = None,
+    actor: Annotated[str | None, typer.Option(help="Only this actor: admin or a key id.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="Entries to print.")] = 20,
+    after: Annotated[
+        str | None, typer.Option(help="Older than this entry id (the last one printed).")
+    ] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Print the audit log, newest first: who changed what, when, from where, and how it
+    ended (--json: the admin API's list object, GET /admin/v1/audit)."""
+    page = read_admin(
+        admin_settings(config, data),
+        lambda b: b.services.audit.page(
+            after=after, limit=limit, org=org, action=action, actor=actor
+        ),
+    )
+    if json_:
+        from backfill.adapters.http.admin import audit_object
+        from backfill.adapters.http.presenters import list_object
+
+        print_json(list_object([audit_object(e) for e in page.entries], page.has_more))
+        return
+    Console(width=200).print(_audit_table(page.entries, page.has_more))
+
+
+def _audit_table(entries: list[AuditEntry], has_more: bool) -> Table:
+    table = Table(
+        title="Audit log, newest first",
+        caption="More with --after " + entry_id(entries[-1]) if has_more and entries else None,
+    )
+    for column in ("id", "when (UTC)", "actor", "action", "target", "from", "outcome"):
+        table.add_column(column)
+    for entry in entries:
+        outcome = Text(entry.outcome.value, style="green" if entry.status < 400 else "red")
+        if entry.status >= 400:
+            outcome.append(f" {entry.status} {entry.error or ''}".rstrip())
+        table.add_row(
+            entry_id(entry),
+            datetime.fromtimestamp(entry.at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            entry.actor,
+            entry.action,
+            entry.target or "",
+            entry.address or "",
+            outcome,
+        )
+    return table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -13,6 +14,8 @@ import typer
 from pydantic import ValidationError
 
 from backfill.adapters.blobs.master import MasterKeyError
+from backfill.domain import audit
+from backfill.domain.audit import ADMIN, CLI_ADDRESS, AuditScope
 from backfill.errors import BackfillError
 from backfill.settings import Settings
 
@@ -93,6 +96,33 @@ def read_admin(settings: Settings, read: Callable[[Backfill], Awaitable[T]]) -> 
         return asyncio.run(with_backfill(settings, read))
 
 
-def run_admin(settings: Settings, action: Action) -> None:
-    """Run one admin ``action`` against the database and print what it answers."""
+def run_admin(
+    settings: Settings, action: Action, *, audited: tuple[str, str | None] | None = None
+) -> None:
+    """Run one admin ``action`` against the database and print what it answers. A command
+    that changes something names its audit action and target in ``audited``: it is recorded
+    as the admin API's actions are (docs/observability.md), from the address "cli"."""
+    if audited is not None:
+        action = _recorded(action, *audited)
     typer.echo(read_admin(settings, action))
+
+
+def _recorded(action: Action, name: str, target: str | None) -> Action:
+    async def run(backfill: Backfill) -> str:
+        scope = AuditScope(
+            at=time.time(), address=CLI_ADDRESS, action=name, actor=ADMIN, target=target
+        )
+        status, error = 200, None
+        try:
+            with audit.acting(scope):
+                return await action(backfill)
+        except BackfillError as exc:
+            status, error = exc.status, exc.code
+            raise
+        except BaseException:
+            status, error = 500, "server_error"
+            raise
+        finally:
+            await backfill.services.audit.settle(scope, status, error)
+
+    return run

@@ -81,7 +81,7 @@ def engine_add(
     async def action(b: Backfill) -> str:
         return _printed(b, await b.services.engines.add(fields))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("engine.create", name))
 
 
 def engine_set(
@@ -106,7 +106,7 @@ def engine_set(
     async def action(b: Backfill) -> str:
         return _printed(b, await b.services.engines.change(name, fields))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("engine.update", name))
 
 
 def engine_remove(
@@ -118,7 +118,7 @@ def engine_remove(
         await b.services.engines.remove(name)
         return f"Removed engine {name}: workers take no new work to it and let it go."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("engine.delete", name))
 
 
 def engine_show(

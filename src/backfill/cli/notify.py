@@ -48,7 +48,9 @@ def webhook_secret(
         signing = await b.services.notifications.signing_secret(org, rotate=rotate)
         return to_json(secret_object(org, signing)) if json_ else signing.secret
 
-    run_admin(admin_settings(config, data), action)
+    # Showing the secret changes nothing; rotating it is an audited action.
+    audited = ("webhook_secret.rotate", org) if rotate else None
+    run_admin(admin_settings(config, data), action, audited=audited)
 
 
 @webhook_app.command("add")
@@ -70,7 +72,7 @@ def webhook_add(
         endpoint = await b.services.notifications.add_endpoint(org, url, wanted)
         return to_json(endpoint_object(endpoint))
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("webhook.create", org))
 
 
 @webhook_app.command("list")
@@ -107,7 +109,7 @@ def webhook_remove(
         await b.services.notifications.remove_endpoint(org, endpoint_id)
         return f"Removed webhook endpoint {endpoint_id} of {org}."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("webhook.delete", endpoint_id))
 
 
 @email_app.command("set")
@@ -124,7 +126,7 @@ def email_set(
         note = "" if b.settings.smtp.host else " Set smtp_host for Backfill to send them."
         return f"Batch emails of {org} go to {address}.{note}"
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("notification_email.set", org))
 
 
 @email_app.command("off")
@@ -135,7 +137,7 @@ def email_off(org: OrgArg, config: ConfigOpt = None, data: DataOpt = None) -> No
         await b.services.notifications.set_email(org, None)
         return f"Organization {org} gets no batch emails."
 
-    run_admin(admin_settings(config, data), action)
+    run_admin(admin_settings(config, data), action, audited=("notification_email.set", org))
 
 
 @email_app.command("show")

@@ -47,6 +47,7 @@ from backfill.runner.engine_pool import Sharing
 from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker
 from backfill.services.account import AccountService
+from backfill.services.audit import AuditLog
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.bundle import Services
@@ -480,6 +481,8 @@ def build(
                     clock,
                     notifications=store,
                     keep_notifications_s=settings.limits.output_file_ttl_s,
+                    audit=store,
+                    keep_audit_s=settings.audit.retention_days * 86_400,
                 ),
                 metrics,
                 Planner(
@@ -544,6 +547,7 @@ def build(
         fleet=fleet,
         error_codes=ErrorCodeService(store, keyring, files),
         engines=engine_admin,
+        audit=AuditLog(store, store),
     )
     return Backfill(
         settings,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from backfill.domain import batchrouter, ids
+from backfill.domain import audit, batchrouter, ids
 from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.chunks import chunked
 from backfill.domain.durations import parse_duration
@@ -378,8 +378,11 @@ class BatchService:
             # Accepted input lives until its batch ends, and at most a day past its deadline.
             input_expires_at=accepted_input_expiry(expires_at),
         )
+        batch_id = ids.batch_id()
+        # The audit log's target, when a key's request makes the batch (domain/audit.py).
+        audit.note_target(batch_id)
         return BatchRecord(
-            id=ids.batch_id(),
+            id=batch_id,
             org_id=org_id,
             endpoint=endpoint,
             model=model.id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backfill.services.account import AccountService
+from backfill.services.audit import AuditLog
 from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
@@ -34,3 +35,4 @@ class Services:
     fleet: FleetService
     error_codes: ErrorCodeService
     engines: EngineAdmin
+    audit: AuditLog

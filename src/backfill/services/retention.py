@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from backfill.domain import ids
-from backfill.ports import Clock, NotificationStore, OperationsStore
+from backfill.ports import AuditStore, Clock, NotificationStore, OperationsStore
 from backfill.services.files import FileService
 
 log = logging.getLogger("backfill.retention")
@@ -24,6 +24,8 @@ class Janitor:
         *,
         notifications: NotificationStore | None = None,
         keep_notifications_s: int = 7 * 24 * 3600,
+        audit: AuditStore | None = None,
+        keep_audit_s: int = 400 * 86_400,
     ) -> None:
         self._store = store
         self._files = files
@@ -32,6 +34,9 @@ class Janitor:
         # Settled notifications are kept this long (as long as results), then pruned.
         self._notifications = notifications
         self._keep_notifications_s = keep_notifications_s
+        # The audit log is kept for its own setting (audit.retention_days), then pruned.
+        self._audit = audit
+        self._keep_audit_s = keep_audit_s
         self.holder = ids.lease_token()
 
     async def sweep(self, batch_size: int = 200) -> int:
@@ -57,4 +62,10 @@ class Janitor:
         ):
             cut = int(self._clock.now()) - self._keep_notifications_s
             await self._notifications.prune_notifications(cut)
+        if self._audit is not None and await self._store.take_singleton(
+            JANITOR, self.holder, self._clock.now() + self._lease_s, self._clock.now()
+        ):
+            pruned = await self._audit.prune_audit(self._clock.now() - self._keep_audit_s)
+            if pruned:
+                log.info("janitor removed %d audit entries past audit.retention_days", pruned)
         return removed

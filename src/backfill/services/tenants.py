@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from backfill.domain import ids
+from backfill.domain import audit, ids
 from backfill.domain.records import ApiKey, Org
 from backfill.domain.scheduling.fair_share import WeightRefused, check_weight
 from backfill.errors import Forbidden, InvalidInput, NotFound, Unauthorized
@@ -63,6 +63,8 @@ async def find_org(store: TenantStore, name: str) -> Org:
 class Principal:
     org_id: str
     scopes: frozenset[str]
+    # The key's id (never its secret): who acted, in the audit log.
+    key_id: str
 
     def require(self, scope: str) -> None:
         # inference:write includes reading (SPEC §7.1).
@@ -113,8 +115,11 @@ class TenantService:
         body = secrets.token_urlsafe(32)  # 256 bits
         prefix = KEY_PREFIX + body[:6]
         secret = f"{KEY_PREFIX}{body}"
+        key_id = ids.key_id()
+        # The audit log's target, when an admin action makes the key (domain/audit.py).
+        audit.note_target(key_id)
         key = ApiKey(
-            id=ids.key_id(),
+            id=key_id,
             org_id=org.id,
             prefix=prefix,
             scopes=scopes,
@@ -162,7 +167,7 @@ class TenantService:
         now = int(self._clock.now())
         if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S:
             await self._store.touch_api_key(key.id, now, LAST_USED_RESOLUTION_S)
-        return Principal(org_id=key.org_id, scopes=key.scopes)
+        return Principal(org_id=key.org_id, scopes=key.scopes, key_id=key.id)
 
     async def bootstrap(self, name: str = "default", credit: int = 0) -> str | None:
         """On an empty database make org ``name`` with ``credit`` picodollars and return a key

@@ -57,7 +57,7 @@ class AccountQueries(SqlBase):
     # ---- tenants ----------------------------------------------------------------------
 
     async def create_org(self, org: Org) -> None:
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             try:
                 await conn.execute(
                     insert(t.orgs).values(
@@ -74,7 +74,7 @@ class AccountQueries(SqlBase):
 
     async def set_org_weight(self, org_id: str, weight: int) -> Org | None:
         o = t.orgs
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             # Claims read the weight as they split: the next claim after this commit uses it.
             row = (
                 await conn.execute(
@@ -88,7 +88,7 @@ class AccountQueries(SqlBase):
             return int((await conn.execute(select(func.count()).select_from(t.orgs))).scalar_one())
 
     async def create_api_key(self, key: ApiKey, secret_hash: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             await conn.execute(
                 insert(t.api_keys).values(
                     id=key.id,
@@ -118,7 +118,7 @@ class AccountQueries(SqlBase):
 
     async def revoke_api_key(self, key_id: str, now: int) -> ApiKey | None:
         k = t.api_keys
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             await conn.execute(
                 update(k).where(k.c.id == key_id, k.c.revoked_at.is_(None)).values(revoked_at=now)
             )
@@ -169,7 +169,7 @@ class AccountQueries(SqlBase):
             "updated_at": now,
         }
         m = t.models
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             # A new id is inserted; one a concurrent PUT inserted first is left to the update
             # below, like any id already there (never a unique-key error).
             inserted = await conn.execute(
@@ -192,7 +192,7 @@ class AccountQueries(SqlBase):
                 f"A credit can be at most {MAX_CREDIT_USD} USD.", code="invalid_value", param="usd"
             )
         o = t.orgs
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             # The cap is part of the update, so two concurrent credits cannot pass it together.
             raised = await conn.execute(
                 update(o)

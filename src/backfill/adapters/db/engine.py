@@ -13,9 +13,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
+from backfill.adapters.db import audit_rows
 from backfill.adapters.db.dialect import POSTGRES, SQLITE
 from backfill.adapters.db.migrate import upgrade
 from backfill.adapters.db.sqlite_driver import OneTripConnection
+from backfill.domain import audit
+from backfill.domain.audit import Outcome
 from backfill.errors import StorageError
 
 _T = TypeVar("_T")
@@ -75,9 +78,17 @@ class SqlBase:
         connection, a busy database — becomes a retryable StorageError too: the worker's
         writes, where the runner must not need to know the driver's exceptions.
         """
+        scope = audit.pending()
+        recorded: int | None = None
         with _storage_errors(failing):
             async with self.engine.begin() as conn:
                 yield conn
+                if scope is not None and audit.pending() is scope:
+                    # The action a request or an admin command is making: its audit row
+                    # commits with its first change, or not at all (domain/audit.py).
+                    recorded = await audit_rows.append(conn, scope.entry(Outcome.SUCCEEDED, 200))
+        if recorded is not None and scope is not None:
+            scope.recorded = recorded
 
     async def in_one_trip(
         self,

@@ -92,7 +92,7 @@ class FileQueries(SqlBase):
         return Page(items=[file_of(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
     async def mark_file_deleted(self, file_id: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.writing() as conn:
             await conn.execute(
                 update(t.files).where(t.files.c.id == file_id).values(status=FileStatus.DELETED)
             )

@@ -7,6 +7,7 @@ The queries live in mixins by subject; ``SqlStore`` is all of them over one engi
 from __future__ import annotations
 
 from backfill.adapters.db.accounts import AccountQueries
+from backfill.adapters.db.audit import AuditQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
 from backfill.adapters.db.demand import DemandQueries
@@ -26,6 +27,7 @@ from backfill.adapters.db.result_writes import ResultWriteQueries
 
 class SqlStore(
     AccountQueries,
+    AuditQueries,
     BatchQueries,
     ClaimQueries,
     DemandQueries,

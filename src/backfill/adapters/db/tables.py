@@ -461,3 +461,22 @@ engine_health = Table(
     # How long the engine's starts on demand took to answer, as its worker learnt (seconds).
     Column("start_s", Float),
 )
+
+# The audit log (domain/audit.py): one row per admin action or state-changing key use. Ids
+# grow with time (pages go by id); ``at`` is when the request came in.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(64), nullable=False),
+    Column("org_id", String(64)),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256)),
+    Column("address", String(64)),
+    Column("outcome", String(16), nullable=False),
+    Column("status", SmallInteger, nullable=False),
+    Column("error", String(64)),
+    Index("ix_audit_log_at", "at"),
+    Index("ix_audit_log_org", "org_id", "id"),
+)

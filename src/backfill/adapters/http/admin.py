@@ -8,15 +8,19 @@ from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from backfill.adapters.http.audit import audited
 from backfill.adapters.http.auth import admin_refusal
 from backfill.adapters.http.deps import services
 from backfill.adapters.http.presenters import api_key_object, list_object, model_object
 from backfill.adapters.http.responses import json_response
+from backfill.domain import audit
+from backfill.domain.audit import ADMIN, AuditEntry
 from backfill.domain.engine_config import StoredEngine
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import Endpoint
 from backfill.domain.records import ApiKey, Ledger, Org
+from backfill.services.audit import entry_id
 from backfill.services.bundle import Services
 from backfill.services.engine_admin import EngineAdmin
 from backfill.services.notifications import SigningSecret
@@ -39,6 +43,7 @@ async def require_admin(request: Request) -> None:
     refusal = admin_refusal(request.scope["headers"], request.app.state.admin_token)
     if refusal is not None:
         raise refusal
+    audit.note_actor(ADMIN)
 
 
 Admin = Annotated[None, Depends(require_admin)]
@@ -135,8 +140,9 @@ def key_object(key: ApiKey) -> dict[str, Any]:
     }
 
 
-@router.post("/orgs")
+@router.post("/orgs", dependencies=[audited("org.create")])
 async def create_org(body: OrgIn, _: Admin, svc: Svc) -> Response:
+    audit.note_target(body.name)
     return json_response(org_object(await svc.tenants.create_org(body.name)))
 
 
@@ -145,12 +151,12 @@ async def get_org(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(org_object(await svc.tenants.org(name)))
 
 
-@router.patch("/orgs/{name}")
+@router.patch("/orgs/{name}", dependencies=[audited("org.update", "name")])
 async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
     return json_response(org_object(await svc.tenants.set_weight(name, body.weight)))
 
 
-@router.post("/keys")
+@router.post("/keys", dependencies=[audited("key.create")])
 async def create_key(body: KeyIn, _: Admin, svc: Svc) -> Response:
     made = await svc.tenants.new_key(body.org, frozenset(body.scopes), body.name)
     return json_response({"key": made.secret, **key_object(made.key)})
@@ -162,15 +168,16 @@ async def list_keys(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(list_object([key_object(k) for k in keys], False))
 
 
-@router.delete("/keys/{key_id}")
+@router.delete("/keys/{key_id}", dependencies=[audited("key.revoke", "key_id")])
 async def revoke_key(key_id: str, _: Admin, svc: Svc) -> Response:
     return json_response(key_object(await svc.tenants.revoke_key(key_id)))
 
 
-@router.post("/credits")
+@router.post("/credits", dependencies=[audited("credit.add")])
 async def add_credit(body: CreditIn, _: Admin, svc: Svc) -> Response:
     # The answer is what the crediting transaction committed: no second read that could fail
     # after the money is in and tempt a retry that credits twice.
+    audit.note_target(body.org)
     return json_response(
         ledger_object(body.org, await svc.billing.credit(body.org, body.usd, body.note))
     )
@@ -188,13 +195,15 @@ async def list_models(_: Admin, svc: Svc) -> Response:
     return json_response(list_object([model_object(m) for m in models], False))
 
 
-@router.put("/models/{model_id:path}")
+@router.put("/models/{model_id:path}", dependencies=[audited("model.put", "model_id")])
 async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
     spec = ModelSettings(id=model_id, **body.model_dump())
     return json_response(model_object(await svc.catalog.put(catalog_model_from(spec))))
 
 
-@router.put("/deployments/{deployment_id:path}")
+@router.put(
+    "/deployments/{deployment_id:path}", dependencies=[audited("deployment.put", "deployment_id")]
+)
 async def put_deployment(deployment_id: str, body: DeploymentIn, _: Admin, svc: Svc) -> Response:
     org = await svc.tenants.org(body.org)
     spec = DeploymentSettings(id=deployment_id, **body.model_dump())
@@ -259,8 +268,10 @@ async def list_stored_engines(_: Admin, svc: Svc) -> Response:
     return json_response(list_object(engines, False))
 
 
-@router.post("/engines")
+@router.post("/engines", dependencies=[audited("engine.create")])
 async def add_engine(body: Annotated[dict[str, Any], Body()], _: Admin, svc: Svc) -> Response:
+    if isinstance(name := body.get("name"), str):
+        audit.note_target(name)
     return json_response(stored_engine_object(svc.engines, await svc.engines.add(body)))
 
 
@@ -269,14 +280,14 @@ async def get_engine(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(stored_engine_object(svc.engines, await svc.engines.get(name)))
 
 
-@router.patch("/engines/{name}")
+@router.patch("/engines/{name}", dependencies=[audited("engine.update", "name")])
 async def change_engine(
     name: str, body: Annotated[dict[str, Any], Body()], _: Admin, svc: Svc
 ) -> Response:
     return json_response(stored_engine_object(svc.engines, await svc.engines.change(name, body)))
 
 
-@router.delete("/engines/{name}")
+@router.delete("/engines/{name}", dependencies=[audited("engine.delete", "name")])
 async def remove_engine(name: str, _: Admin, svc: Svc) -> Response:
     await svc.engines.remove(name)
     return json_response({"id": name, "object": "engine.deleted", "deleted": True})
@@ -320,14 +331,16 @@ async def get_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(secret_object(name, await svc.notifications.signing_secret(name)))
 
 
-@router.post("/orgs/{name}/webhook_secret/rotate")
+@router.post(
+    "/orgs/{name}/webhook_secret/rotate", dependencies=[audited("webhook_secret.rotate", "name")]
+)
 async def rotate_webhook_secret(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(
         secret_object(name, await svc.notifications.signing_secret(name, rotate=True))
     )
 
 
-@router.post("/orgs/{name}/webhooks")
+@router.post("/orgs/{name}/webhooks", dependencies=[audited("webhook.create", "name")])
 async def add_webhook(name: str, body: EndpointIn, _: Admin, svc: Svc) -> Response:
     endpoint = await svc.notifications.add_endpoint(name, body.url, body.events)
     return json_response(endpoint_object(endpoint))
@@ -339,7 +352,9 @@ async def list_webhooks(name: str, _: Admin, svc: Svc) -> Response:
     return json_response(list_object([endpoint_object(e) for e in endpoints], False))
 
 
-@router.delete("/orgs/{name}/webhooks/{endpoint_id}")
+@router.delete(
+    "/orgs/{name}/webhooks/{endpoint_id}", dependencies=[audited("webhook.delete", "endpoint_id")]
+)
 async def remove_webhook(name: str, endpoint_id: str, _: Admin, svc: Svc) -> Response:
     await svc.notifications.remove_endpoint(name, endpoint_id)
     return json_response({"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True})
@@ -350,8 +365,38 @@ async def get_notify_email(name: str, _: Admin, svc: Svc) -> Response:
     return json_response({"org": name, "email": await svc.notifications.email(name)})
 
 
-@router.put("/orgs/{name}/notifications")
+@router.put("/orgs/{name}/notifications", dependencies=[audited("notification_email.set", "name")])
 async def set_notify_email(name: str, body: EmailIn, _: Admin, svc: Svc) -> Response:
     return json_response(
         {"org": name, "email": await svc.notifications.set_email(name, body.email)}
     )
+
+
+def audit_object(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": entry_id(entry),
+        "object": "audit_entry",
+        "at": entry.at,
+        "actor": entry.actor,
+        "org_id": entry.org_id,
+        "action": entry.action,
+        "target": entry.target,
+        "address": entry.address,
+        "outcome": entry.outcome.value,
+        "status": entry.status,
+        "error": entry.error,
+    }
+
+
+@router.get("/audit")
+async def audit_log(
+    _: Admin,
+    svc: Svc,
+    limit: int = 20,
+    after: str | None = None,
+    org: str | None = None,
+    action: str | None = None,
+    actor: str | None = None,
+) -> Response:
+    page = await svc.audit.page(after=after, limit=limit, org=org, action=action, actor=actor)
+    return json_response(list_object([audit_object(e) for e in page.entries], page.has_more))

@@ -12,6 +12,7 @@ from backfill import __version__
 from backfill.adapters.http.account import router as account_router
 from backfill.adapters.http.admin import router as admin_router
 from backfill.adapters.http.admin_views import router as admin_views_router
+from backfill.adapters.http.audit import AuditTrail
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
 from backfill.adapters.http.dashboard import router as dashboard_router
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
@@ -75,6 +76,8 @@ def create_app(
         max_json_body_bytes=settings.http.max_json_body_bytes,
         brake=brake,
     )
+    # Inside the request id, outside the guard: a refusal of an audited action is recorded.
+    app.add_middleware(AuditTrail)
     app.add_middleware(RequestIdMiddleware)
     if settings.tracing.otlp_endpoint:
         # Around the others, so the span covers the request id's and the guard's answers too.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from backfill.adapters.http.auth import bearer
+from backfill.domain import audit
 from backfill.services.bundle import Services
 from backfill.services.tenants import Principal
 
@@ -23,6 +24,8 @@ async def services(request: Request) -> Services:
 async def principal(request: Request) -> Principal:
     secret = bearer(request.scope["headers"])
     # Latin-1 maps every byte, as Starlette decodes headers: an odd key is a wrong key, not 500.
-    return await _services(request).tenants.authenticate(
+    caller = await _services(request).tenants.authenticate(
         secret.decode("latin-1") if secret is not None else None
     )
+    audit.note_actor(caller.key_id, caller.org_id)
+    return caller

@@ -10,6 +10,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.responses import Response
 
+from backfill.adapters.http.audit import audited
 from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.presenters import batch_object
 from backfill.adapters.http.requests import FIELD_RULES
@@ -67,7 +68,11 @@ def retry_batch_request(batch_id: str, raw: bytes) -> tuple[RetryBatchRequest, s
     return request, hashlib.sha256(canonical).hexdigest()
 
 
-@router.post("/batches/{batch_id}/retry", summary="Rerun an ended batch's failed lines")
+@router.post(
+    "/batches/{batch_id}/retry",
+    summary="Rerun an ended batch's failed lines",
+    dependencies=[audited("batch.retry", "batch_id")],
+)
 async def retry_batch(
     batch_id: str,
     request: Request,
@@ -81,7 +86,11 @@ async def retry_batch(
     return json_response(batch_object(batch))
 
 
-@router.delete("/batches/{batch_id}", summary="Delete an ended batch and its content")
+@router.delete(
+    "/batches/{batch_id}",
+    summary="Delete an ended batch and its content",
+    dependencies=[audited("batch.delete", "batch_id")],
+)
 async def delete_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     deleted = await svc.reruns.delete(caller.org_id, batch_id)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import Response
 
 from backfill.adapters.http import download
+from backfill.adapters.http.audit import audited
 from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.multipart import stream_form
 from backfill.adapters.http.presenters import (
@@ -74,7 +75,11 @@ async def get_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     return json_response(file_object(await svc.files.get(caller.org_id, file_id)))
 
 
-@router.delete("/files/{file_id}", summary="Delete a file and its content")
+@router.delete(
+    "/files/{file_id}",
+    summary="Delete a file and its content",
+    dependencies=[audited("file.delete", "file_id")],
+)
 async def delete_file(file_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     record = await svc.files.delete(caller.org_id, file_id)
@@ -105,7 +110,11 @@ async def file_content(
     )
 
 
-@router.post("/batches", summary="Create a batch from an uploaded file")
+@router.post(
+    "/batches",
+    summary="Create a batch from an uploaded file",
+    dependencies=[audited("batch.create")],
+)
 async def create_batch(
     request: Request,
     caller: Caller,
@@ -133,7 +142,11 @@ async def get_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     return json_response(batch_object(await svc.batches.get(caller.org_id, batch_id)))
 
 
-@router.post("/batches/{batch_id}/cancel", summary="Cancel a batch")
+@router.post(
+    "/batches/{batch_id}/cancel",
+    summary="Cancel a batch",
+    dependencies=[audited("batch.cancel", "batch_id")],
+)
 async def cancel_batch(batch_id: str, caller: Caller, svc: Svc) -> Response:
     caller.require(WRITE)
     return json_response(batch_object(await svc.batches.cancel(caller.org_id, batch_id)))
