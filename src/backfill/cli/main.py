@@ -216,15 +216,28 @@ def _worker_probe(
 
 @app.command()
 def up(
-    port: Annotated[int, typer.Option(help="Port of the API.")] = 8080,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    data: Annotated[Path, typer.Option(help="Where the database and files live.")] = Path(
-        "backfill-data"
-    ),
+    # Unset flags leave the settings (file, then BACKFILL_* variables) to say, as for `serve`:
+    # a container image sets BACKFILL_PORT once and every role, and its healthcheck, agree.
+    port: Annotated[
+        int | None, typer.Option(help="Port of the API (default: the settings', 8080).")
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address to listen on (default: the settings', 127.0.0.1)."),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the database and files live (default: the settings', backfill-data)."
+        ),
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="TOML settings file.")] = None,
     local_engine: Annotated[
-        bool, typer.Option(help="Start the bundled llama.cpp engine (SmolLM2-135M).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            help="Start the bundled llama.cpp engine (SmolLM2-135M); default: the settings', on."
+        ),
+    ] = None,
 ) -> None:
     """Embedded mode: API, scheduler and a local engine in one process, SQLite on disk."""
     settings = load(config, port=port, host=host, data_dir=data, local_engine=local_engine)
