@@ -72,16 +72,7 @@ def test_a_process_started_with_the_defaults_makes_no_span(tmp_path: Path) -> No
         print("off")
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "OTEL_"))}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "off"
 
@@ -255,17 +246,8 @@ def test_spans_reach_the_collector_over_otlp_http_with_the_configured_headers(
         provider.shutdown()
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "OTEL_"))}
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_python(script, tmp_path)
     finally:
         server.shutdown()
         server.server_close()
@@ -273,3 +255,17 @@ def test_spans_reach_the_collector_over_otlp_http_with_the_configured_headers(
     assert _Collector.exports == [
         ("Bearer collector-token", ["backfill-worker"], ["engine.request"])
     ]
+
+
+def run_python(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter, without this environment's Backfill or OTel settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "OTEL_"))}
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
