@@ -3,8 +3,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 # What `make test` announces before the suite starts (pytest shows its own progress).
-SUITE_TESTS := 2,250
-SUITE_MINUTES := 20–35
+SUITE_TESTS := 2,400
+SUITE_MINUTES := 30–45
 
 .PHONY: up test unit check lint fmt bench bench-drain-curve bench-vllm vllm-env clean
 
