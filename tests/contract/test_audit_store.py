@@ -3,6 +3,7 @@ its row only when it commits, once; retention removes old rows (domain/audit.py)
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 import pytest
@@ -92,3 +93,26 @@ async def test_the_janitor_prunes_past_the_retention(store: SqlStore) -> None:
 class _NoFiles:
     async def expired(self, now: int, limit: int) -> list[object]:
         return []
+
+
+async def test_writes_set_aside_prepare_the_action_and_overlapping_ones_append_once(
+    store: SqlStore,
+) -> None:
+    scope = AuditScope(at=5.0, address=None, action="batch.retry", actor="key_a", target="b_1")
+    with audit.acting(scope):
+        # A rerun's input file: not the change itself.
+        with audit.aside():
+            async with store.writing():
+                pass
+        assert scope.recorded is None
+        # The new batch's id does not replace the batch the path names.
+        audit.note_target("b_2")
+
+        async def write() -> None:
+            async with store.writing():
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(write(), write())
+    rows = await store.audit_page(before=None, limit=10)
+    assert [(r.action, r.target) for r in rows] == [("batch.retry", "b_1")]
+    assert rows[0].id == scope.recorded

@@ -60,6 +60,10 @@ class AuditScope:
     target: str | None = None
     # The id of the row appended in the change's own transaction, once it committed.
     recorded: int | None = None
+    # A transaction is appending the row now: no other may (overlapping writes of one action).
+    claimed: bool = False
+    # Inside ``aside()``: writes that prepare the action are not the change itself.
+    aside: int = 0
     # Set once the action's answer is known: a write after that (a task the request started)
     # is not the action's.
     closed: bool = False
@@ -98,9 +102,26 @@ def pending() -> AuditScope | None:
     whose actor is known (a write made while checking the credentials, such as a key's
     last use, is not the action's)."""
     scope = _current.get()
-    if scope is None or scope.closed or scope.recorded is not None:
+    if scope is None or scope.closed or scope.recorded is not None or scope.claimed:
         return None
-    return scope if scope.action and scope.actor is not None else None
+    if scope.aside or not scope.action or scope.actor is None:
+        return None
+    return scope
+
+
+@contextmanager
+def aside() -> Iterator[None]:
+    """Writes made inside prepare the action (a rerun's input file before its batch): the
+    action's row commits with the change that follows, not with them."""
+    scope = _current.get()
+    if scope is None:
+        yield
+        return
+    scope.aside += 1
+    try:
+        yield
+    finally:
+        scope.aside -= 1
 
 
 def note_action(action: str, target: str | None = None) -> None:
@@ -120,9 +141,10 @@ def note_actor(actor: str, org_id: str | None = None) -> None:
 
 
 def note_target(target: str) -> None:
-    """What the action acts on, where the path does not say it (an id made by the action)."""
+    """What the action acts on, where the path does not say it (an id made by the action): the
+    path's target, when it has one, stays (a rerun is recorded on the batch it reruns)."""
     scope = _current.get()
-    if scope is not None and not scope.closed:
+    if scope is not None and not scope.closed and scope.target is None:
         scope.target = target
 
 

@@ -196,6 +196,7 @@ class BatchService:
                 )
             existing = await self._store.batch_by_idempotency_key(org_id, idempotency_key)
             if existing is not None:
+                audit.note_target(existing.id)
                 return self._replay(existing, request_hash), False
         elif self._idempotency_required:
             raise _bad(

@@ -14,6 +14,7 @@ import logging
 
 import msgspec
 
+from backfill.domain import audit
 from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.files import FilePurpose, FileRecord, FileStatus
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
@@ -69,7 +70,9 @@ class RerunService:
         if original.status == BatchStatus.FAILED:
             input_file_id = await self._original_input(original)
         else:
-            uploaded = await self._upload_rerun_input(original)
+            # The input file prepares the rerun: its audit row commits with the new batch.
+            with audit.aside():
+                uploaded = await self._upload_rerun_input(original)
             input_file_id = uploaded.id
         body = rerun_creation(original, request, input_file_id, expanded=uploaded is not None)
         try:

@@ -79,15 +79,24 @@ class SqlBase:
         writes, where the runner must not need to know the driver's exceptions.
         """
         scope = audit.pending()
-        recorded: int | None = None
-        with _storage_errors(failing):
-            async with self.engine.begin() as conn:
-                yield conn
-                if scope is not None and audit.pending() is scope:
-                    # The action a request or an admin command is making: its audit row
-                    # commits with its first change, or not at all (domain/audit.py).
-                    recorded = await audit_rows.append(conn, scope.entry(Outcome.SUCCEEDED, 200))
-        if recorded is not None and scope is not None:
+        claimed = False
+        try:
+            with _storage_errors(failing):
+                async with self.engine.begin() as conn:
+                    yield conn
+                    if scope is not None and audit.pending() is scope:
+                        # The action a request or an admin command is making: its audit row
+                        # commits with its first change, or not at all (domain/audit.py).
+                        scope.claimed = claimed = True
+                        recorded = await audit_rows.append(
+                            conn, scope.entry(Outcome.SUCCEEDED, 200)
+                        )
+        except BaseException:
+            if scope is not None and claimed:
+                # Rolled back with the change: the next write of the action may append it.
+                scope.claimed = False
+            raise
+        if scope is not None and claimed:
             scope.recorded = recorded
 
     async def in_one_trip(

@@ -76,7 +76,8 @@ def create_app(
         max_json_body_bytes=settings.http.max_json_body_bytes,
         brake=brake,
     )
-    # Inside the request id, outside the guard: a refusal of an audited action is recorded.
+    # Inside the request id, outside the guard: it sees every answer of a route that names an
+    # audited action (the guard's own refusals come before any route, and are no action).
     app.add_middleware(AuditTrail)
     app.add_middleware(RequestIdMiddleware)
     if settings.tracing.otlp_endpoint:
