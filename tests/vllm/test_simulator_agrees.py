@@ -221,7 +221,13 @@ async def test_kv_pressure_preempts_the_same_requests(
     async with running_simulator(config) as (url, _):
         simulated = await preempted_under_kv_pressure(Target(url, real=False))
     assert real[0] > 0, f"vLLM ({policy}) preempted nothing: the scenario lost its point"
-    assert simulated == real
+    assert simulated[0] == real[0]
+    # The preempted requests finish last, in the same order. The two never preempted may end
+    # in the same step, or in steps 50 ms apart, as their arrivals fall against the steps (on
+    # one AVX-512 CPU vLLM gave R before S in one run of two): their order is a tie, not a
+    # claim of the model.
+    assert simulated[1][2:] == real[1][2:]
+    assert set(simulated[1][:2]) == set(real[1][:2])
 
 
 async def latencies(target: Target, concurrency: int, rounds: int = 2) -> float:
