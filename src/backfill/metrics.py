@@ -69,9 +69,10 @@ class Metrics:
         )
         self.engine_step_seconds = Gauge(
             "backfill_engine_step_seconds",
-            "A shared engine's step time as Backfill has learnt it, base + per_sequence x "
-            "running sequences (from its inter-token latency): what people's latency budget "
-            "caps batch sequences by. Absent until learnt.",
+            "A shared engine's step time as Backfill has learnt it, base + per_sequence x n "
+            "+ per_sequence_squared x n² for n running sequences (from its inter-token "
+            "latency): what people's latency budget caps batch sequences by. Absent until "
+            "learnt.",
             ["engine", "part"],
             registry=r,
         )
@@ -152,7 +153,7 @@ class Metrics:
         for gauge in (self.in_flight, self.concurrency_limit, self.engine_pressure):
             with contextlib.suppress(KeyError):
                 gauge.remove(name)
-        for part in ("base", "per_sequence"):
+        for part in ("base", "per_sequence", "per_sequence_squared"):
             with contextlib.suppress(KeyError):
                 self.engine_step_seconds.remove(name, part)
 

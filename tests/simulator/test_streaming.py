@@ -88,7 +88,8 @@ async def test_the_stream_is_server_sent_events_ending_with_done(slots: int) -> 
     config = SimulatorConfig(ttft_ms=1, itl_ms=1, output_tokens=3, slots=slots)
     async with (
         running_simulator(config) as (url, _),
-        httpx.AsyncClient() as http,
+        # httpx's 5 s connect timeout once expired in a full CI run on a loaded machine.
+        httpx.AsyncClient(timeout=30) as http,
     ):
         body = {
             "model": "m",

@@ -1,4 +1,4 @@
-"""People's latency budget on a step-bound engine: the step-time line learnt from samples,
+"""People's latency budget on a step-bound engine: the step-time curve learnt from samples,
 and the batch sequences it leaves room for."""
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def test_learns_the_line_from_noisy_samples() -> None:
     for _ in range(500):
         n = rng.uniform(0, 16)
         model.observe(n, (BASE + PER_SEQ * n) * rng.uniform(0.9, 1.1), tokens=20)
-    line = model.line
+    line = model.curve
     assert line is not None
+    assert line.step_s(16) == pytest.approx(BASE + 16 * PER_SEQ, rel=0.05)  # no bend to speak of
     assert line.base_s == pytest.approx(BASE, rel=0.15)
     assert line.per_seq_s == pytest.approx(PER_SEQ, rel=0.15)
 
@@ -37,10 +38,10 @@ def test_no_line_before_the_samples_spread_and_tiny_samples_are_ignored() -> Non
     model = StepTimeModel()
     for _ in range(100):
         model.observe(8, 0.026, tokens=50)
-    assert model.line is None  # one level says nothing of the slope
+    assert model.curve is None  # one level says nothing of the slope
     assert model.room(4, 1.1) is None
     model.observe(0, 1.0, tokens=1)  # a scrape that saw one token
-    assert model.line is None
+    assert model.curve is None
 
 
 def test_room_keeps_peoples_step_within_the_budget() -> None:
@@ -70,10 +71,10 @@ def metrics(running: float, waiting: float, itl_sum: float, itl_count: float) ->
 def test_the_budget_caps_a_shared_engine_learnt_from_its_histogram() -> None:
     limit = ConcurrencyLimit(16, Mode.SHARED, SharedTargets(slots=16, headroom=1))
     total, count, now = 0.0, 0.0, 0.0
-    # Batch levels swing between scrapes while 3 people run: the histogram's growth between
-    # two scrapes is the step time at their mean running count.
+    # Batch levels climb and fall between scrapes while 3 people run: the histogram's
+    # growth between two scrapes is the step time at their mean running count.
     for i in range(200):
-        running = 3 + (i % 10)
+        running = 3 + abs(9 - i % 18)
         count += 25
         total += 25 * (BASE + PER_SEQ * running)
         now += 0.1
@@ -123,3 +124,89 @@ def test_no_give_back_while_slots_are_free_or_when_turned_off() -> None:
     full = Pressure(running=16, waiting=3)
     off.on_pressure(full, own=14, now=1.0)
     assert off.to_give_back(full, own=14, now=1.0) == 0
+
+
+# vLLM's CPU build on two cores, one CI run: 35, 38 and 70 ms a step at 1, 4 and 8 sequences
+# (near flat while the sequences fit the cores, then steep).
+MEASURED = {1: 0.035, 4: 0.038, 8: 0.070}
+
+
+def test_a_step_that_bends_is_followed_where_a_line_would_be_short() -> None:
+    model = StepTimeModel()
+    rng = random.Random(3)
+    for level, step in MEASURED.items():
+        for _ in range(60):
+            model.observe(level, step * rng.uniform(0.97, 1.03), tokens=25)
+    curve = model.curve
+    assert curve is not None
+    assert curve.per_seq2_s > 0
+    for level, step in MEASURED.items():
+        assert curve.step_s(level) == pytest.approx(step, rel=0.08)
+    # What the line alone through the same samples says at one sequence.
+    xs, ys = list(MEASURED), list(MEASURED.values())
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    assert (my + slope * (1 - mx)) / MEASURED[1] < 0.9
+
+
+def test_room_is_where_the_curve_reaches_the_budget() -> None:
+    model = StepTimeModel()
+    for _ in range(30):
+        for n in range(13):
+            model.observe(n, 0.020 + 0.0005 * n + 0.0002 * n * n, tokens=25)
+    curve = model.curve
+    assert curve is not None
+    assert curve.per_seq2_s == pytest.approx(0.0002, rel=1e-3)
+    room = model.room(people=2, budget=1.5)
+    assert room is not None
+    assert curve.step_s(2 + room) == pytest.approx(1.5 * curve.step_s(2), rel=1e-6)
+    # Further up the bend each sequence costs more: less room beside more people.
+    few, many = model.room(people=2, budget=1.1), model.room(people=8, budget=1.1)
+    assert few is not None
+    assert many is not None
+    assert many < few
+
+
+def test_a_bend_needs_three_levels_spread_apart() -> None:
+    model = StepTimeModel()
+    for _ in range(50):
+        model.observe(2, 0.030, tokens=16)
+        model.observe(6, 0.050, tokens=16)
+    curve = model.curve
+    assert curve is not None
+    assert curve.per_seq2_s == 0  # two levels: a line
+    assert curve.step_s(4) == pytest.approx(0.040)
+
+
+def test_a_curve_that_would_fall_is_noise() -> None:
+    model = StepTimeModel()
+    for _ in range(50):
+        for n, step in ((1, 0.020), (4, 0.040), (8, 0.045)):  # bends downwards
+            model.observe(n, step, tokens=16)
+    curve = model.curve
+    assert curve is not None
+    assert curve.per_seq2_s == 0
+    assert curve.per_seq_s > 0
+    # A bend upwards whose lowest point lies past zero: flat below it, never falling.
+    low = StepTimeModel()
+    for _ in range(50):
+        for n, step in ((1, 0.035), (4, 0.038), (8, 0.070)):
+            low.observe(n, step, tokens=16)
+    bent = low.curve
+    assert bent is not None
+    assert all(bent.step_s(n / 4) <= bent.step_s((n + 1) / 4) + 1e-12 for n in range(40))
+
+
+def test_an_engine_that_changed_is_followed() -> None:
+    model = StepTimeModel()
+    for _ in range(100):
+        for n in (2, 6, 10):
+            model.observe(n, 0.050 + 0.002 * n, tokens=16)  # a neighbour on its cores
+    for _ in range(300):
+        for n in (2, 6, 10):
+            model.observe(n, 0.020 + 0.002 * n, tokens=16)  # the neighbour left
+    curve = model.curve
+    assert curve is not None
+    assert curve.step_s(2) == pytest.approx(0.024, rel=0.02)

@@ -34,7 +34,7 @@ def cpu_flags() -> set[str]:
 @pytest.fixture
 def calibrated_cpu() -> None:
     """The tests that compare the real engine's timing with fitted figures (the simulator's
-    step profiles, the step line, a person's wait against a batch request) hold on a CPU
+    step profiles, the step curve, a person's wait against a batch request) hold on a CPU
     with AVX-512, where vLLM's CPU backend runs its fast kernels and the profiles were
     fitted. Without it (AVX2 only, seen on an AMD EPYC of this machine kind) the same engine
     took 26 ms per prompt token instead of about 1, and 56 ms a step instead of 27: timing,

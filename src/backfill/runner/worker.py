@@ -179,10 +179,12 @@ class Worker:
             metrics.in_flight.labels(name).set(slot.in_flight)
             metrics.concurrency_limit.labels(name).set(slot.limit)
             metrics.engine_pressure.labels(name).set(slot.governor.pressure)
-            line = slot.governor.steps.line
-            if line is not None:
-                metrics.engine_step_seconds.labels(name, "base").set(line.base_s)
-                metrics.engine_step_seconds.labels(name, "per_sequence").set(line.per_seq_s)
+            curve = slot.governor.steps.curve
+            if curve is not None:
+                step = metrics.engine_step_seconds
+                step.labels(name, "base").set(curve.base_s)
+                step.labels(name, "per_sequence").set(curve.per_seq_s)
+                step.labels(name, "per_sequence_squared").set(curve.per_seq2_s)
 
     def engine_reports(self) -> list[EngineReport]:
         """This worker's engines as it sees them now (what it stores, without the delay)."""

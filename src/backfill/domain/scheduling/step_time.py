@@ -6,12 +6,18 @@ sequence slows every person's tokens, and a latency budget for people (their tim
 and time to first token, at most ``budget`` times what it is without batch work) caps how
 many batch sequences may run beside them.
 
-The model is a line, ``step(n) = base + per_seq * n``, fitted by least squares over recent
+The step need not grow in a line. On two cores, vLLM's step stayed near 36 ms from one to
+four sequences and doubled at eight, once its sequences no longer fitted the cores (a GPU
+bends the same way, where decode turns from memory-bound to compute-bound); a line through
+those three levels was a third short at one sequence. So the model is a curve that may bend
+upwards, ``step(n) = base + per_seq * n + per_seq2 * n²``, fitted by least squares over recent
 samples, each weighted by the tokens it covers and forgotten geometrically so an engine that
-changed (another model, a neighbour on its cores) is followed. A sample is the mean time
-between two tokens over a stretch (vLLM's ``inter_token_latency_seconds`` histogram, its sum
-and count between two scrapes) with the mean number of running sequences over the same
-stretch.
+changed (another model, a neighbour on its cores) is followed. It is a line (``per_seq2``
+0) until the samples spread over enough running counts to show a bend, and whenever the
+bend they show is downwards: more sequences never make a step shorter, so a curve that
+would fall is noise. A sample is the mean time between two tokens over a stretch (vLLM's
+``inter_token_latency_seconds`` histogram, its sum and count between two scrapes) with the
+mean number of running sequences over the same stretch.
 
 Pure: no clock, no I/O.
 """
@@ -27,24 +33,48 @@ FORGET = 0.99
 # A slope is trusted once the samples spread over this many sequences (in standard
 # deviations of their running counts): a fit over one level says nothing about the next.
 MIN_SPREAD = 1.0
+# A bend is trusted once the squares of the running counts spread this far (in sequences²,
+# a standard deviation) beyond what a line through the counts explains: three levels, not
+# two, and far enough apart. Levels 1, 4 and 8 spread 5.7; 3, 4 and 5 only 0.5.
+MIN_BEND_SPREAD = 2.0
 # Samples covering fewer tokens than this are noise (a scrape that saw two tokens).
 MIN_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class StepLine:
+class StepCurve:
     base_s: float
     per_seq_s: float
+    per_seq2_s: float = 0.0
+
+    @property
+    def _lowest(self) -> float:
+        """Where the curve is lowest: below it the fit would fall, which steps never do."""
+        if self.per_seq2_s <= 0 or self.per_seq_s >= 0:
+            return 0.0
+        return -self.per_seq_s / (2 * self.per_seq2_s)
 
     def step_s(self, running: float) -> float:
-        return self.base_s + self.per_seq_s * running
+        n = max(running, self._lowest)
+        return max(1e-6, self.base_s + self.per_seq_s * n + self.per_seq2_s * n * n)
+
+    def reaches(self, step_s: float) -> float | None:
+        """The running count at which a step takes ``step_s``; None if it never does."""
+        a, b, c = self.base_s - step_s, self.per_seq_s, self.per_seq2_s
+        if c > 0:
+            return (-b + math.sqrt(max(0.0, b * b - 4 * c * a))) / (2 * c)
+        if b > 0:
+            return -a / b
+        return None
 
 
 class StepTimeModel:
     def __init__(self, forget: float = FORGET) -> None:
         self._forget = forget
-        # Weighted sums: weight, x, y, x², xy (x: running sequences, y: step seconds).
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        # Weighted sums: weight, then x, x², x³, x⁴, y, xy, x²y (x: running sequences, y:
+        # step seconds).
+        self._w = 0.0
+        self._sums = [0.0] * 7
 
     def observe(self, running: float, step_s: float, tokens: float) -> None:
         """``tokens`` inter-token gaps averaged ``step_s`` while ``running`` sequences ran."""
@@ -52,32 +82,46 @@ class StepTimeModel:
             return
         f = self._forget
         w = math.sqrt(tokens)  # many tokens are a surer mean, but one scrape must not rule
+        x, y = running, step_s
         self._w = self._w * f + w
-        self._x = self._x * f + w * running
-        self._y = self._y * f + w * step_s
-        self._xx = self._xx * f + w * running * running
-        self._xy = self._xy * f + w * running * step_s
+        terms = (x, x * x, x**3, x**4, y, x * y, x * x * y)
+        self._sums = [s * f + w * t for s, t in zip(self._sums, terms, strict=True)]
 
     @property
-    def line(self) -> StepLine | None:
-        """The fitted line, or None until the samples spread over enough running counts."""
+    def curve(self) -> StepCurve | None:
+        """The fitted curve, or None until the samples spread over enough running counts."""
         if self._w <= 0:
             return None
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        var_x = self._xx / self._w - mean_x * mean_x
+        x, x2, x3, x4, y, xy, x2y = (s / self._w for s in self._sums)
+        var_x = x2 - x * x
         if var_x < MIN_SPREAD * MIN_SPREAD:
             return None
-        slope = (self._xy / self._w - mean_x * mean_y) / var_x
-        # Sequences never make steps shorter: a negative slope is noise, read as flat.
-        slope = max(0.0, slope)
-        base = max(1e-6, mean_y - slope * mean_x)
-        return StepLine(base, slope)
+        # Least squares on 1, x and x², by first taking from x² and y what a line in x explains.
+        cov_xy = xy - x * y
+        cov_x_x2 = x3 - x * x2
+        var_x2 = x4 - x2 * x2
+        cov_x2_y = x2y - x2 * y
+        bend_var = var_x2 - cov_x_x2 * cov_x_x2 / var_x
+        per_seq2 = 0.0
+        if bend_var >= MIN_BEND_SPREAD * MIN_BEND_SPREAD:
+            per_seq2 = max(0.0, (cov_x2_y - cov_x_x2 * cov_xy / var_x) / bend_var)
+        slope = (cov_xy - per_seq2 * cov_x_x2) / var_x
+        if per_seq2 == 0.0:
+            # Sequences never make steps shorter: a negative slope is noise, read as flat.
+            slope = max(0.0, slope)
+        base = y - slope * x - per_seq2 * x2
+        if per_seq2 == 0.0:
+            base = max(1e-6, base)
+        return StepCurve(base, slope, per_seq2)
 
     def room(self, people: float, budget: float) -> float | None:
         """How many batch sequences may run beside ``people`` running sequences so that a
         step is at most ``budget`` times as long as theirs alone; None while unknown, or
         unbounded (an engine whose steps do not grow with sequences)."""
-        line = self.line
-        if line is None or line.per_seq_s <= 0:
+        curve = self.curve
+        if curve is None:
             return None
-        return (budget - 1.0) * line.step_s(people) / line.per_seq_s
+        reached = curve.reaches(budget * curve.step_s(people))
+        if reached is None:
+            return None
+        return max(0.0, reached - people)
