@@ -190,6 +190,11 @@ vllm:num_requests_waiting{engine="0",model_name="a"} 2.0
 vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0
 vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.25
 vllm:prefix_cache_queries_total{engine="0",model_name="a"} 1000.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="a"} 4.5
+vllm:inter_token_latency_seconds_count{engine="0",model_name="a"} 150.0
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="a"} 20.0
+vllm:iteration_tokens_total_count{engine="0",model_name="a"} 60.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="a"} 170.0
 """
 
 SGLANG_PAGE = b"""sglang:num_running_reqs{model_name="m"} 40.0
@@ -201,7 +206,8 @@ sglang:max_running_requests{model_name="m"} 128
 
 def test_metrics_pages_of_vllm_and_sglang_are_read_and_summed_over_models() -> None:
     found = parse(VLLM_PAGE)
-    assert found == (Flavor.VLLM, Pressure(running=15.0, waiting=2.0, kv_usage=0.25))
+    load = Pressure(15.0, 2.0, kv_usage=0.25, itl_sum_s=4.5, itl_count=150.0, steps=60.0)
+    assert found == (Flavor.VLLM, load)
     found = parse(SGLANG_PAGE)
     assert found == (Flavor.SGLANG, Pressure(40.0, 0.0, kv_usage=0.5, slots=128.0))
     assert parse(b"# nothing here\nllamacpp:requests_processing 1\n") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -83,6 +84,34 @@ def test_the_budget_caps_a_shared_engine_learnt_from_its_histogram() -> None:
     expected = 0.1 * (BASE + 3 * PER_SEQ) / PER_SEQ
     assert limit.limit == math.floor(expected)
     assert limit.step_room == pytest.approx(expected, rel=0.01)
+
+
+def test_the_step_count_reads_the_running_sequences_when_they_jump_between_looks() -> None:
+    # Batch levels jump from 12 back to 3 between two looks (a give-back): the mean of the
+    # two looks' running gauges says 7.5 for a stretch that ran 3, which reads as a bend.
+    def learn(with_steps: bool) -> ConcurrencyLimit:
+        limit = ConcurrencyLimit(16, Mode.SHARED, SharedTargets(slots=16, headroom=1))
+        total, count, steps, now = 0.0, 0.0, 0.0, 0.0
+        for i in range(200):
+            running = 3 + i % 10
+            steps += 5
+            count += 5 * running
+            total += 5 * running * (BASE + PER_SEQ * running)
+            now += 0.1
+            load = Pressure(running, 0, itl_sum_s=total, itl_count=count)
+            if with_steps:
+                load = replace(load, steps=steps)
+            limit.on_pressure(load, own=running - 3, now=now)
+        return limit
+
+    counted, guessed = learn(with_steps=True), learn(with_steps=False)
+    expected = 0.1 * (BASE + 3 * PER_SEQ) / PER_SEQ
+    curve = counted.steps.curve
+    assert curve is not None
+    assert curve.per_seq2_s == pytest.approx(0, abs=1e-9)
+    assert counted.step_room == pytest.approx(expected, rel=0.01)
+    assert guessed.step_room is not None
+    assert guessed.step_room > 1.5 * expected
 
 
 def test_nobody_on_the_engine_for_a_while_takes_everything() -> None:

@@ -186,6 +186,9 @@ def test_backfill_reads_the_real_metric_names(vllm_engine: VllmProcess) -> None:
     assert load.itl_count is not None, "no vllm:inter_token_latency_seconds_count"
     assert load.itl_count > 0
     assert load.itl_sum_s is not None
+    # ...against the sequences that ran, its tokens over its steps.
+    assert load.steps is not None, "no vllm:iteration_tokens_total_count"
+    assert load.steps > 0
 
 
 def test_tier_is_wired() -> None:

@@ -631,7 +631,8 @@ class BatchingModel:
                     regular -= 1
         if regular:
             self.inter_token_latency.observe_many(duration, regular)
-        self.iteration_tokens.observe(self._step_decoders + self._step_prefill)
+        step_tokens = self._step_decoders + self._step_prefill
+        outputs = self._step_decoders > 0
         self._stepping = False
         self._step_end = None
         self._steps += 1
@@ -641,7 +642,12 @@ class BatchingModel:
             for seq, chunk in chunks.items():
                 seq.computed += chunk
                 if seq.computed >= seq.prompt_tokens + seq.resumed_tokens:
+                    outputs = True
                     self._prefill_done(seq, now, progress)
+        if outputs:
+            # vLLM observes a step only when it produced a token (one IterationStats per
+            # EngineCoreOutputs): a step of prompt chunks alone is not counted.
+            self.iteration_tokens.observe(step_tokens)
         steps = self._steps
         while self._decode and self._decode[0][0] <= steps:
             _, entry, seq = heapq.heappop(self._decode)

@@ -28,6 +28,8 @@ class _Names:
     slots: bytes | None
     itl: bytes | None = None
     """The inter-token latency histogram (its ``_sum`` and ``_count`` are read)."""
+    steps: bytes | None = None
+    """A counter of the engine's steps that produced tokens."""
 
 
 # vLLM: vllm/v1/metrics/loggers.py (V1; ``gpu_cache_usage_perc`` is the V0 name of the KV
@@ -39,6 +41,9 @@ _NAMES = {
         (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
         None,
         b"vllm:inter_token_latency_seconds",
+        # One observation per engine step with outputs (vllm/v1/engine/async_llm.py builds
+        # one IterationStats per EngineCoreOutputs): its count is the steps.
+        b"vllm:iteration_tokens_total_count",
     ),
     Flavor.SGLANG: _Names(
         b"sglang:num_running_reqs",
@@ -84,7 +89,9 @@ def parse(text: bytes, flavor: Flavor | None = None) -> tuple[Flavor, Pressure] 
         itl_sum = itl_count = None
         if names.itl is not None:
             itl_sum, itl_count = _sum(page, names.itl + b"_sum"), _sum(page, names.itl + b"_count")
-        return candidate, Pressure(running, waiting, kv, slots or None, itl_sum, itl_count)
+        steps = _sum(page, names.steps) if names.steps else None
+        load = Pressure(running, waiting, kv, slots or None, itl_sum, itl_count, steps)
+        return candidate, load
     return None
 
 

@@ -55,6 +55,9 @@ class Pressure:
     itl_count: float | None = None
     """The engine's inter-token latency histogram so far (vLLM's
     ``inter_token_latency_seconds`` sum and count), when it publishes one."""
+    steps: float | None = None
+    """The engine's steps that produced tokens so far (the count of vLLM's
+    ``iteration_tokens_total``), when it publishes them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +244,15 @@ class ConcurrencyLimit:
         if tokens <= 0:
             return
         mean_step = (pressure.itl_sum_s - last.itl_sum_s) / tokens
-        self.steps.observe((pressure.running + last.running) / 2, mean_step, tokens)
+        # The sequences that ran between the two looks: the tokens over the steps that made
+        # them. The running gauge is only seen at the two ends, and their mean misreads a
+        # stretch whose count jumped (a give-back, a burst of people) for a bend in the step.
+        running = (pressure.running + last.running) / 2
+        if pressure.steps is not None and last.steps is not None:
+            steps = pressure.steps - last.steps
+            if steps > 0:
+                running = tokens / steps
+        self.steps.observe(running, mean_step, tokens)
 
     def on_metrics_lost(self) -> None:
         """The engine's metrics could not be read: follow latency until they come back."""
