@@ -364,14 +364,20 @@ class FileStore(Protocol):
 class CatalogStore(Protocol):
     """The model revisions and private deployments requests can name."""
 
-    async def list_models(self) -> list[CatalogModel]: ...
+    async def list_models(self) -> list[CatalogModel]:
+        """Every entry, by id, each with its aliases."""
+        ...
 
     async def upsert_model(
         self, model: CatalogModel, now: int, *, replace: bool
     ) -> CatalogModel | None:
         """Insert ``model``; where its id is taken, with ``replace``, write it over the entry
         only when both have the same owner (both public, or the same org). Returns the entry
-        that had the id before (None: ``model`` was inserted)."""
+        that had the id before (None: ``model`` was inserted).
+
+        What is written holds exactly ``model``'s names (its id and its aliases): a name that
+        another entry holds, as its id or an alias, raises ``name_taken``'s error and nothing
+        is written, however concurrent writers race."""
         ...
 
 

@@ -28,7 +28,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import CatalogModel, name_clash
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS, EMBEDDINGS_URL
 from backfill.domain.money import Prices
 from backfill.domain.scheduling.concurrency import Mode
@@ -85,6 +85,9 @@ class ModelSettings(BaseModel):
     # The batch endpoints its engines serve (e.g. add "/v1/responses" for vLLM, or list only
     # "/v1/embeddings" for an embedding model).
     endpoints: list[str] = Field(default_factory=default_endpoints)
+    # Other names request lines may use for it in body.model (exact, case-sensitive); a line
+    # that uses one runs on this model (docs/api.md, "Model aliases").
+    aliases: list[str] = Field(default_factory=list)
 
 
 class DeploymentSettings(BaseModel):
@@ -132,7 +135,33 @@ def catalog_model_from(
         prices=Prices.of(pricing.input, pricing.cached_input, pricing.output) if pricing else None,
         throughput_tokens_per_s=spec.throughput_tokens_per_s,
         endpoints=frozenset(spec.endpoints),
+        aliases=frozenset(spec.aliases),
     )
+
+
+def changed_model(model: CatalogModel, changes: Mapping[str, Any]) -> CatalogModel:
+    """The public catalog model ``model`` with ``changes`` made: fields of ``ModelSettings``
+    (as JSON; ``aliases`` replaces the list), the others kept as they are."""
+    prices = model.prices
+    batch = None
+    if prices is not None:
+        batch = {
+            "input": prices.input,
+            "cached_input": prices.cached_input,
+            "output": prices.output,
+        }
+    current = {
+        "id": model.id,
+        "model_config_id": model.model_config_id,
+        "context_length": model.context_length,
+        "max_output_tokens": model.max_output_tokens,
+        "modalities": sorted(model.modalities),
+        "batch": batch,
+        "throughput_tokens_per_s": model.throughput_tokens_per_s,
+        "endpoints": sorted(model.endpoints),
+        "aliases": sorted(model.aliases),
+    }
+    return catalog_model_from(ModelSettings.model_validate({**current, **changes}))
 
 
 class EngineSettings(BaseModel):
@@ -696,6 +725,22 @@ class Settings(BaseSettings):
         settings._flat_in_file = tuple(in_file)
         settings._flat_in_env = tuple(in_env)
         return settings
+
+    @model_validator(mode="after")
+    def _one_model_per_name(self) -> Settings:
+        # Two entries of the file under one name would leave which one a line means to the
+        # order they were seeded in; the file is refused instead, naming both.
+        entries = [catalog_model_from(m) for m in self.catalog()]
+        entries += [catalog_model_from(d, d.org) for d in self.deployments]
+        for i, entry in enumerate(entries):
+            clash = name_clash(entry, entries[:i])
+            if clash is not None:
+                name, holder = clash
+                raise ValueError(
+                    f"models: {name!r} names both {holder.id!r} and {entry.id!r} (as an id or "
+                    "an alias); one name means one model"
+                )
+        return self
 
     def renamed_keys_notice(self) -> str | None:
         """One line naming the flat keys the file or the environment used and their new names

@@ -245,6 +245,24 @@ async def test_a_200_is_stored_with_its_usage_at_the_clock_of_its_end(kit: Kit) 
     assert engine.calls[0][1]["max_tokens"] == 1
 
 
+async def test_a_200_keeps_the_model_name_the_engine_answered_under(kit: Kit) -> None:
+    """The row is the engine's answer: a served name (or a snapshot name) it answers under is
+    not rewritten to the batch's model, nor to an alias a line used (docs/api.md)."""
+    batch = await kit.batch(await make_org(kit.store), 1)
+    engine = ScriptedEngine(batch.model)
+    answer = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "served-name-2025-01-01",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    engine.script = [EngineReply(status=200, body=orjson.dumps(answer))]
+    await run_one(kit, engine, batch)
+    row = (await kit.rows(batch))[0]
+    assert row["response"]["body"] == answer
+
+
 async def test_a_transient_5xx_is_retried_until_the_200(kit: Kit) -> None:
     batch = await kit.batch(await make_org(kit.store), 1)
     engine = ScriptedEngine(batch.model)

@@ -1,5 +1,6 @@
-"""The migrations build exactly the schema ``tables.py`` declares, on SQLite and PostgreSQL,
-and 0008 numbers the stored results of batches that were running when it ran."""
+"""The migrations build exactly the schema ``tables.py`` declares, on SQLite and PostgreSQL;
+0008 numbers the stored results of batches that were running when it ran, and 0017 names
+every stored model by its id."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from sqlalchemy.engine import Connection
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
+from backfill.domain.catalog import CatalogModel
+from backfill.errors import InvalidInput
 from tests.support import create_pg_database, drop_pg_database
 
 
@@ -100,3 +103,29 @@ async def test_0008_numbers_the_results_of_running_batches(url: str) -> None:
         ("running", 2, 3),
     ]
     assert seqs == {"running": 3, "over": 0}
+
+
+async def test_0017_gives_every_stored_model_its_id_as_a_name(url: str) -> None:
+    """Entries made before aliases existed are known by their ids: none of their ids can
+    become another model's alias afterwards."""
+    store = SqlStore(url)
+    try:
+        async with store.engine.begin() as conn:
+            await conn.run_sync(lambda c: command.upgrade(alembic_config(c), "0016"))
+            for model_id in ("old/a", "old-b"):
+                await conn.execute(
+                    text(
+                        "INSERT INTO models (id, model_config_id, context_length,"
+                        " max_output_tokens, modalities, updated_at)"
+                        " VALUES (:id, 'v1', 4096, 256, 'text', 1)"
+                    ),
+                    {"id": model_id},
+                )
+        await store.init()
+        stored = {m.id: m.aliases for m in await store.list_models()}
+        assert stored == {"old/a": frozenset(), "old-b": frozenset()}
+        taking = CatalogModel("new", "v1", 4096, 256, aliases=frozenset({"old/a"}))
+        with pytest.raises(InvalidInput, match="'old/a' is the id of model 'old/a'"):
+            await store.upsert_model(taking, 2, replace=True)
+    finally:
+        await store.close()

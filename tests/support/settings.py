@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +60,10 @@ def write_sim_config(
     max_concurrency: int = 32,
     extra: str = "",
     engines: str | None = None,
+    aliases: Sequence[str] = (),
 ) -> None:
-    """A TOML file for ``backfill up`` on the simulated model, served by one engine at
-    ``sim_url`` (or by the ``[[engines]]`` tables ``engines`` holds instead)."""
+    """A TOML file for ``backfill up`` on the simulated model (with ``aliases``), served by one
+    engine at ``sim_url`` (or by the ``[[engines]]`` tables ``engines`` holds instead)."""
     if engines is None:
         engines = f"""
 [[engines]]
@@ -70,6 +73,7 @@ models = ["{SIM_MODEL}"]
 max_concurrency = {max_concurrency}
 request_timeout_s = 5.0
 """
+    named = f"aliases = {json.dumps(list(aliases))}" if aliases else ""
     path.write_text(
         f"""
 local_engine = false
@@ -84,5 +88,6 @@ model_config_id = "sim-model-v1"
 context_length = 4096
 max_output_tokens = 1024
 batch = {{ input = 100000, cached_input = 50000, output = 400000 }}
+{named}
 {engines}"""
     )

@@ -28,27 +28,16 @@ from backfill.cli.common import (
     to_json,
 )
 from backfill.cli.engines import engine_add, engine_remove, engine_set, engine_show
+from backfill.cli.models import deployment_set, model_aliases, model_list, model_set
 from backfill.cli.notify import email_app, webhook_app
 from backfill.domain.audit import AuditEntry
-from backfill.domain.catalog import CatalogModel
-from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import ModelQueue
 from backfill.domain.records import ApiKey, Org
 from backfill.domain.scheduling.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.services.audit import entry_id
-from backfill.settings import (
-    DEFAULT_CONTEXT_LENGTH,
-    DEFAULT_MAX_OUTPUT_TOKENS,
-    DEFAULT_MODALITIES,
-    LOCAL_ENGINE,
-    LOCAL_MODEL,
-    DeploymentSettings,
-    ModelSettings,
-    PricingSettings,
-    catalog_model_from,
-)
+from backfill.settings import LOCAL_ENGINE, LOCAL_MODEL
 
 if TYPE_CHECKING:
     from backfill.container import Backfill
@@ -57,7 +46,9 @@ app = typer.Typer(help="Administer organizations and keys.", no_args_is_help=Tru
 org_app = typer.Typer(help="Organizations.", no_args_is_help=True)
 key_app = typer.Typer(help="API keys.", no_args_is_help=True)
 credit_app = typer.Typer(help="Credit.", no_args_is_help=True)
-model_app = typer.Typer(help="Catalog models and their batch prices.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Catalog models, their batch prices and aliases.", no_args_is_help=True
+)
 deployment_app = typer.Typer(help="Private deployments (billed by GPU time).", no_args_is_help=True)
 engine_app = typer.Typer(
     help="Engines: their health, and those stored for every worker (add, set, remove, show).",
@@ -67,6 +58,10 @@ engine_app.command("add")(engine_add)
 engine_app.command("set")(engine_set)
 engine_app.command("remove")(engine_remove)
 engine_app.command("show")(engine_show)
+model_app.command("list")(model_list)
+model_app.command("set")(model_set)
+model_app.command("aliases")(model_aliases)
+deployment_app.command("set")(deployment_set)
 app.add_typer(org_app, name="org")
 app.add_typer(key_app, name="key")
 app.add_typer(credit_app, name="credit")
@@ -75,17 +70,6 @@ app.add_typer(deployment_app, name="deployment")
 app.add_typer(engine_app, name="engine")
 app.add_typer(webhook_app, name="webhook")
 app.add_typer(email_app, name="email")
-
-ModalitiesOpt = Annotated[str, typer.Option(help="Comma-separated: text, image, audio.")]
-MODALITIES = ",".join(DEFAULT_MODALITIES)
-EndpointsOpt = Annotated[
-    str,
-    typer.Option(
-        help="Comma-separated batch endpoints: /v1/chat/completions, /v1/completions, "
-        "/v1/responses, /v1/embeddings."
-    ),
-]
-ENDPOINTS = ",".join(sorted(DEFAULT_MODEL_ENDPOINTS))
 
 
 @org_app.command("create")
@@ -268,106 +252,6 @@ def credit_add(
         return f"Added {usd} USD to {org}; balance {pico_to_usd(ledger.balance)} USD."
 
     run_admin(admin_settings(config, data), action, audited=("credit.add", org))
-
-
-def _model_line(m: CatalogModel) -> str:
-    if m.private:
-        kind = (
-            f"private to {m.owner_org_id}, {m.gpu_count} GPU x {m.microusd_per_gpu_second} uUSD/s"
-        )
-    elif m.prices:
-        p = m.prices
-        kind = f"batch in/cached/out {p.input}/{p.cached_input}/{p.output} uUSD per 1M tokens"
-    else:
-        kind = "not batch-qualified"
-    serves = ", ".join(sorted(m.endpoints))
-    media = ",".join(sorted(m.modalities))
-    return f"{m.id}  [{m.model_config_id}]  ctx {m.context_length}  {kind}  ({media}; {serves})"
-
-
-@model_app.command("list")
-def model_list(config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False) -> None:
-    """List catalog models and deployments."""
-
-    async def action(b: Backfill) -> str:
-        models = await b.services.catalog.all()
-        if json_:
-            from backfill.adapters.http.presenters import list_object, model_object
-
-            return to_json(list_object([model_object(m) for m in models], False))
-        return "\n".join(_model_line(m) for m in models)
-
-    run_admin(admin_settings(config, data), action)
-
-
-@model_app.command("set")
-def model_set(
-    model_id: Annotated[str, typer.Argument(help="Model name requests use.")],
-    config_id: Annotated[str, typer.Option("--config-id", help="model_config_id (revision).")],
-    context_length: Annotated[int, typer.Option()] = DEFAULT_CONTEXT_LENGTH,
-    max_output_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_OUTPUT_TOKENS,
-    input_price: Annotated[int | None, typer.Option(help="uUSD per 1M input tokens.")] = None,
-    cached_price: Annotated[int | None, typer.Option(help="uUSD per 1M cached tokens.")] = None,
-    output_price: Annotated[int | None, typer.Option(help="uUSD per 1M output tokens.")] = None,
-    throughput: Annotated[int | None, typer.Option(help="Output tokens/s for admission.")] = None,
-    modalities: ModalitiesOpt = MODALITIES,
-    endpoints: EndpointsOpt = ENDPOINTS,
-    config: ConfigOpt = None,
-    data: DataOpt = None,
-) -> None:
-    """Create or change a model; without prices it is not batch-qualified."""
-    pricing = None
-    if input_price is not None and output_price is not None:
-        pricing = PricingSettings(input=input_price, cached_input=cached_price, output=output_price)
-    spec = ModelSettings(
-        id=model_id,
-        model_config_id=config_id,
-        context_length=context_length,
-        max_output_tokens=max_output_tokens,
-        modalities=modalities.split(","),
-        endpoints=endpoints.split(","),
-        batch=pricing,
-        throughput_tokens_per_s=throughput,
-    )
-
-    async def action(b: Backfill) -> str:
-        return _model_line(await b.services.catalog.put(catalog_model_from(spec)))
-
-    run_admin(admin_settings(config, data), action, audited=("model.put", model_id))
-
-
-@deployment_app.command("set")
-def deployment_set(
-    deployment_id: Annotated[str, typer.Argument(help="Name requests use as body.model.")],
-    org: Annotated[str, typer.Option(help="Owning organization.")],
-    config_id: Annotated[str, typer.Option("--config-id", help="model_config_id served.")],
-    gpus: Annotated[int, typer.Option(help="GPUs of the deployment.")] = 1,
-    gpu_second_price: Annotated[int, typer.Option(help="uUSD per GPU-second.")] = 0,
-    context_length: Annotated[int, typer.Option()] = DEFAULT_CONTEXT_LENGTH,
-    max_output_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_OUTPUT_TOKENS,
-    modalities: ModalitiesOpt = MODALITIES,
-    endpoints: EndpointsOpt = ENDPOINTS,
-    config: ConfigOpt = None,
-    data: DataOpt = None,
-) -> None:
-    """Create or change a private deployment."""
-    spec = DeploymentSettings(
-        id=deployment_id,
-        org=org,
-        model_config_id=config_id,
-        gpu_count=gpus,
-        microusd_per_gpu_second=gpu_second_price,
-        context_length=context_length,
-        max_output_tokens=max_output_tokens,
-        modalities=modalities.split(","),
-        endpoints=endpoints.split(","),
-    )
-
-    async def action(b: Backfill) -> str:
-        owner = await b.services.tenants.org(org)
-        return _model_line(await b.services.catalog.put(catalog_model_from(spec, owner.id)))
-
-    run_admin(admin_settings(config, data), action, audited=("deployment.put", deployment_id))
 
 
 # What a probe found of the request priority Backfill sends (None: not probed, not known yet).

@@ -217,6 +217,8 @@ class LineValidator:
     """Checks the lines of one file in order; keeps what cross-line rules need."""
 
     def __init__(self, limits: Limits, find_model: Callable[[str], CatalogModel | None]) -> None:
+        """``find_model`` finds the model a line's ``body.model`` names: by its id or by one
+        of its aliases."""
         self._limits = limits
         self._find_model = find_model
         self._ids = CustomIds(limits.max_lines)
@@ -437,15 +439,21 @@ class LineValidator:
     def _check_model(self, name: str, line_no: int) -> CatalogModel:
         if self._model is not None and name == self._model_name:
             return self._model
-        if self._model_name is not None:
+        model = self._find_model(name)
+        if self._model is not None:
+            if model is not None and model.id == self._model.id:
+                # Another name of the same model (its id, or an alias): one model still.
+                return self._model
+            first = repr(self._model_name)
+            if self._model_name != self._model.id:
+                first += f" (model {self._model.id!r})"
             raise LineError(
                 "mixed_models",
-                f"Line {line_no}: 'body.model' is {name!r} but earlier lines use "
-                f"{self._model_name!r}; a batch runs one model, so split the file by model.",
+                f"Line {line_no}: 'body.model' is {name!r} but earlier lines use {first}; a "
+                "batch runs one model, so split the file by model.",
                 line=line_no,
                 param="body.model",
             )
-        model = self._find_model(name)
         if model is None or not model.batch:
             why = "is not in the catalog" if model is None else "is not available for batch"
             raise LineError(
@@ -679,9 +687,11 @@ class LineValidator:
             )
 
     def summary(self) -> FileSummary:
+        """What the file's lines agreed on; ``model`` is the catalog id the lines' names
+        resolved to (an alias is resolved here, at upload, once)."""
         return FileSummary(
             lines=self.lines,
-            model=self._model_name,
+            model=self._model.id if self._model is not None else None,
             endpoint=self._endpoint,
             prompt_token_bound=self._prompt_bound,
             max_output_tokens=self._max_output,

@@ -77,7 +77,7 @@ class Attempts:
                 self._metrics.latency.labels(engine.name).observe(took)
                 reason = str(reply.status)
                 if reply.status == 200:
-                    outcome = succeeded(item.custom_id, batch.model, reply.body, embeddings)
+                    outcome = succeeded(item.custom_id, reply.body, embeddings)
                     slot.succeeded(took, outcome.output_tokens)
                     return outcome
                 final = engine_error(item.custom_id, reply.status, reply.body)

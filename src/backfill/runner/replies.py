@@ -44,10 +44,9 @@ def engine_error(custom_id: str, status: int, raw: bytes) -> Outcome:
     return Outcome(False, http_error_row(custom_id, status, json_or_text(raw)))
 
 
-def succeeded(
-    custom_id: str, model: str, raw: bytes, embeddings: Requested | None = None
-) -> Outcome:
-    """A 200 reply: its body under the batch's model name, with the usage it reports; an
+def succeeded(custom_id: str, raw: bytes, embeddings: Requested | None = None) -> Outcome:
+    """A 200 reply: its body as the engine answered it (``model`` too: the name the engine
+    answered under, whatever name or alias the line used), with the usage it reports; an
     embeddings answer reshaped as its request asked (``domain/embeddings.py``)."""
     try:
         body = orjson.loads(raw)
@@ -56,8 +55,6 @@ def succeeded(
     if embeddings is not None:
         conform(body, embeddings)
     usage = usage_of(body)
-    if isinstance(body, dict):
-        body["model"] = model
     request_id = ids.request_id()
     return Outcome(
         True,

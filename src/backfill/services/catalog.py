@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import MAX_ALIASES, CatalogModel
 from backfill.domain.endpoints import ENDPOINTS, MODALITIES
 from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRICE, MAX_TOKENS
 from backfill.errors import Conflict, InvalidInput, NotFound
@@ -13,6 +14,8 @@ from backfill.services.tenants import printable
 
 MAX_MODEL_ID_CHARS = 256
 MAX_THROUGHPUT = 10**9
+
+log = logging.getLogger("backfill.catalog")
 
 
 def _within(value: int | None, low: int, high: int, param: str, unit: str) -> None:
@@ -39,6 +42,7 @@ def _check(model: CatalogModel) -> None:
     """Bounds that keep every price, charge and limit inside its column (SPEC §7.3)."""
     printable(model.id, "model", MAX_MODEL_ID_CHARS)
     printable(model.model_config_id, "model_config_id", MAX_MODEL_ID_CHARS)
+    _check_aliases(model)
     _one_of(model.modalities, MODALITIES, "modalities")
     _one_of(model.endpoints, ENDPOINTS, "endpoints")
     if "text" not in model.modalities:
@@ -67,6 +71,30 @@ def _check(model: CatalogModel) -> None:
         )
 
 
+def _check_aliases(model: CatalogModel) -> None:
+    if model.private and model.aliases:
+        raise InvalidInput(
+            "A private deployment has no aliases: its id is the one name its organization "
+            "uses. Aliases are for catalog models.",
+            code="invalid_value",
+            param="aliases",
+        )
+    if len(model.aliases) > MAX_ALIASES:
+        raise InvalidInput(
+            f"A model has at most {MAX_ALIASES} aliases ({len(model.aliases)} given).",
+            code="invalid_value",
+            param="aliases",
+        )
+    for alias in sorted(model.aliases):
+        printable(alias, "aliases", MAX_MODEL_ID_CHARS)
+    if model.id in model.aliases:
+        raise InvalidInput(
+            f"{model.id!r} is the model's id; an alias is another name for it.",
+            code="invalid_value",
+            param="aliases",
+        )
+
+
 class CatalogService:
     """Reads are straight from the store: the table is small and price changes show at once."""
 
@@ -75,10 +103,35 @@ class CatalogService:
         self._clock = clock
 
     async def find(self, name: str, org_id: str | None = None) -> CatalogModel | None:
+        """The entry whose id is ``name`` (aliases are not ids: ``resolve`` reads them)."""
         for model in await self._store.list_models():
             if model.id == name:
                 return model if org_id is None or model.visible_to(org_id) else None
         return None
+
+    async def resolve(self, name: str, org_id: str | None = None) -> CatalogModel | None:
+        """The entry ``name`` means, by its id or one of its aliases (exact, case-sensitive),
+        as ``org_id`` sees it."""
+        for model in await self._store.list_models():
+            if name in model.names:
+                return model if org_id is None or model.visible_to(org_id) else None
+        return None
+
+    async def catalog_model(self, model_id: str) -> CatalogModel:
+        """The public catalog model ``model_id`` (by its id), to change; NotFound otherwise."""
+        found = await self.find(model_id)
+        if found is None or found.private:
+            where = (
+                f"; it is a private deployment (PUT /admin/v1/deployments/{model_id})"
+                if found is not None
+                else " (GET /admin/v1/models lists them; an alias is not an id)"
+            )
+            raise NotFound(
+                f"No catalog model has the id {model_id!r}{where}.",
+                code="model_not_found",
+                param="model",
+            )
+        return found
 
     async def all(self, org_id: str | None = None) -> list[CatalogModel]:
         models = await self._store.list_models()
@@ -89,11 +142,18 @@ class CatalogService:
         changes made through the admin API survive restarts."""
         now = int(self._clock.now())
         for model in models:
-            await self._store.upsert_model(model, now, replace=False)
+            try:
+                _check_aliases(model)
+                await self._store.upsert_model(model, now, replace=False)
+            except (Conflict, InvalidInput) as exc:
+                # One entry of the file must not keep the others, or the server, from starting.
+                log.warning("configured model %s skipped: %s", model.id, exc.message)
 
     async def put(self, model: CatalogModel) -> CatalogModel:
         """Create or change a catalog model or a private deployment; an id the other kind, or
-        another org's deployment, already holds is a Conflict (nothing is written)."""
+        another org's deployment, already holds is a Conflict (nothing is written), as is an
+        id that is another model's alias; an alias another entry has (as its id or alias) is
+        a 400 ``alias_taken``. The aliases given replace the entry's aliases."""
         _check(model)
         before = await self._store.upsert_model(model, int(self._clock.now()), replace=True)
         if before is not None and before.owner_org_id != model.owner_org_id:

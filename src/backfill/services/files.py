@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 from backfill.domain import ids
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import CatalogModel, by_name
 from backfill.domain.files import (
     MAX_EXPIRY_S,
     MIN_EXPIRY_S,
@@ -290,7 +290,7 @@ class FileService:
         content = await self.blobs.writer(content_key(file_id))
         index = await self.blobs.writer(index_key(file_id))
         # One snapshot of the catalog per upload: every line is checked against the same one.
-        models = {m.id: m for m in await self.catalog.all(org_id)}
+        models = by_name(await self.catalog.all(org_id))
         return Upload(self, org_id, content, index, file_id, models, retained)
 
     async def find(self, org_id: str, file_id: str) -> FileRecord | None:

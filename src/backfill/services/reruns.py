@@ -163,7 +163,7 @@ class RerunService:
         try:
             async for chunk in self._files.blobs.stream(rerun_key(errors.id)):
                 await upload.feed(chunk)
-            return await upload.finish(FilePurpose.BATCH, None)
+            record = await upload.finish(FilePurpose.BATCH, None)
         except (ContentUnreadable, NotFound):
             await upload.abort()
             raise gone from None
@@ -178,6 +178,17 @@ class RerunService:
         except BaseException:
             await upload.abort()
             raise
+        if record.model != original.model:
+            # The lines name their model by an alias that now means another model: a rerun
+            # runs the lines that failed, on the model they failed on, or not at all.
+            await self._discard(record)
+            raise Conflict(
+                f"The failed lines of batch {original.id} ran on model {original.model!r}, but "
+                f"the name they use now means model {record.model!r} (an alias moved since); "
+                "upload them as a new file to run them on that model.",
+                code="rerun_input_invalid",
+            )
+        return record
 
     async def _discard(self, record: FileRecord) -> None:
         """Remove an uploaded rerun input no batch uses; best effort (it expires anyway)."""

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -15,7 +15,7 @@ from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import model_of, org_of, receipt_of, receipt_values
 from backfill.adapters.db.sums import joined, sum_halves
 from backfill.domain import ids
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import CatalogModel, name_taken
 from backfill.domain.money import (
     MAX_BALANCE,
     MAX_BALANCE_USD,
@@ -145,9 +145,16 @@ class AccountQueries(SqlBase):
     # ---- catalog ----------------------------------------------------------------------
 
     async def list_models(self) -> list[CatalogModel]:
+        n = t.model_names
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(t.models).order_by(t.models.c.id))).all()
-        return [model_of(r) for r in rows]
+            names = (
+                await conn.execute(select(n.c.name, n.c.model_id).where(n.c.name != n.c.model_id))
+            ).all()
+        aliases: dict[str, set[str]] = {}
+        for name in names:
+            aliases.setdefault(name.model_id, set()).add(name.name)
+        return [model_of(r, frozenset(aliases.get(r.id, ()))) for r in rows]
 
     async def upsert_model(
         self, model: CatalogModel, now: int, *, replace: bool
@@ -176,13 +183,44 @@ class AccountQueries(SqlBase):
                 self.dialect.insert_ignoring(m).values(id=model.id, **values)
             )
             if inserted.rowcount == 1:
+                await self._claim_names(conn, model)
                 return None
             # Locked: the owner compared is the one the update replaces.
             query = self.dialect.for_update(select(m).where(m.c.id == model.id))
-            before = model_of((await conn.execute(query)).one())
+            row = (await conn.execute(query)).one()
+            before = model_of(row, await self._aliases(conn, model.id))
             if replace and before.owner_org_id == model.owner_org_id:
                 await conn.execute(update(m).where(m.c.id == model.id).values(**values))
+                await self._claim_names(conn, model)
             return before
+
+    @staticmethod
+    async def _aliases(conn: AsyncConnection, model_id: str) -> frozenset[str]:
+        n = t.model_names
+        query = select(n.c.name).where(n.c.model_id == model_id, n.c.name != model_id)
+        return frozenset((await conn.execute(query)).scalars())
+
+    async def _claim_names(self, conn: AsyncConnection, model: CatalogModel) -> None:
+        """Make ``model``'s names (its id and aliases) exactly those it holds; a name another
+        entry holds raises (``name_taken``), rolling the whole write back."""
+        n = t.model_names
+        wanted = sorted(model.names)
+        await conn.execute(delete(n).where(n.c.model_id == model.id, n.c.name.not_in(wanted)))
+        # In one order, so two writers claiming overlapping names never wait on each other
+        # crosswise; a name a concurrent writer holds is waited for, then seen as taken.
+        for name in wanted:
+            holder: str | None = None
+            while holder is None:
+                claimed = await conn.execute(
+                    self.dialect.insert_ignoring(n).values(name=name, model_id=model.id)
+                )
+                if claimed.rowcount == 1:
+                    break
+                # None: its holder let it go since the insert looked (claimed again).
+                query = select(n.c.model_id).where(n.c.name == name)
+                holder = (await conn.execute(query)).scalar()
+            if holder is not None and holder != model.id:
+                raise name_taken(name, model.id, holder)
 
     # ---- billing ----------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ def prices_of(row: Any) -> Prices | None:
     return Prices.stored(row.price_input, row.price_cached_input, row.price_output)
 
 
-def model_of(row: Any) -> CatalogModel:
+def model_of(row: Any, aliases: frozenset[str] = frozenset()) -> CatalogModel:
+    """The entry a ``models`` row holds, with the aliases ``model_names`` holds for it."""
     return CatalogModel(
         id=row.id,
         model_config_id=row.model_config_id,
@@ -49,6 +50,7 @@ def model_of(row: Any) -> CatalogModel:
         microusd_per_gpu_second=row.microusd_per_gpu_second,
         throughput_tokens_per_s=row.throughput_tokens_per_s,
         endpoints=frozenset(row.endpoints.split(",")),
+        aliases=aliases,
     )
 
 

@@ -78,6 +78,16 @@ models = Table(
     Column("updated_at", BigInteger, nullable=False),
 )
 
+# Every name a line's body.model may use: each entry's id, and each catalog model's aliases.
+# The primary key keeps one name to one model across ids and aliases, whatever writes race.
+model_names = Table(
+    "model_names",
+    metadata,
+    Column("name", String(256), primary_key=True),
+    Column("model_id", String(256), ForeignKey("models.id"), nullable=False),
+    Index("ix_model_names_model", "model_id"),
+)
+
 credits = Table(
     "credits",
     metadata,

@@ -30,6 +30,7 @@ from backfill.settings import (
     DeploymentSettings,
     ModelSettings,
     catalog_model_from,
+    changed_model,
     default_endpoints,
     default_modalities,
 )
@@ -96,6 +97,13 @@ class ModelIn(BaseModel):
     endpoints: list[str] = Field(default_factory=default_endpoints)
     batch: PricingIn | None = None
     throughput_tokens_per_s: int | None = Field(default=None, ge=1)
+    aliases: list[str] = Field(default_factory=list, max_length=100)
+
+
+class ModelPatch(ModelIn):
+    # The fields a PATCH sends are changed, the others kept: ``model_config_id`` is optional
+    # here only (its default is never used, unset fields are left out).
+    model_config_id: str = ""
 
 
 class DeploymentIn(BaseModel):
@@ -199,6 +207,15 @@ async def list_models(_: Admin, svc: Svc) -> Response:
 async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Response:
     spec = ModelSettings(id=model_id, **body.model_dump())
     return json_response(model_object(await svc.catalog.put(catalog_model_from(spec))))
+
+
+@router.patch("/models/{model_id:path}", dependencies=[audited("model.update", "model_id")])
+async def patch_model(model_id: str, body: ModelPatch, _: Admin, svc: Svc) -> Response:
+    """Change some fields of a catalog model (``aliases`` replaces its aliases), keeping the
+    others; a PUT replaces the whole entry."""
+    current = await svc.catalog.catalog_model(model_id)
+    changed = changed_model(current, body.model_dump(exclude_unset=True))
+    return json_response(model_object(await svc.catalog.put(changed)))
 
 
 @router.put(

@@ -91,6 +91,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {"200": answer("Output and error rows stored so far, one JSON object per line", JSONL)}
     ),
     ("get", "/v1/models"): Operation(ok(ref(wire.ListOf[wire.Model]))),
+    ("get", "/v1/models/{model}"): Operation(ok(ref(wire.Model))),
     ("get", "/v1/receipts/{request_id}"): Operation(ok(ref(wire.Receipt))),
 }
 

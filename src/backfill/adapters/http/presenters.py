@@ -127,6 +127,9 @@ def model_object(m: CatalogModel) -> dict[str, Any]:
         "max_output_tokens": m.max_output_tokens,
         "modalities": sorted(m.modalities),
         "batch": batch,
+        # The other names lines may use for it (exact, case-sensitive); listed here rather than
+        # as entries of their own, so the list has one entry, and one price, per model.
+        "aliases": sorted(m.aliases),
     }
     if m.private:
         data["deployment"] = {

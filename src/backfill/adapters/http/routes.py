@@ -21,7 +21,7 @@ from backfill.adapters.http.presenters import (
 )
 from backfill.adapters.http.requests import create_batch_request
 from backfill.adapters.http.responses import json_response
-from backfill.errors import InvalidInput
+from backfill.errors import InvalidInput, NotFound
 from backfill.services.bundle import Services
 from backfill.services.files import parse_expires_after
 from backfill.services.tenants import READ, WRITE, Principal
@@ -167,6 +167,20 @@ async def list_models(caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     models = await svc.catalog.all(caller.org_id)
     return json_response(list_object([model_object(m) for m in models], False))
+
+
+@router.get("/models/{model:path}", summary="One model, by its id or one of its aliases")
+async def get_model(model: str, caller: Caller, svc: Svc) -> Response:
+    caller.require(READ)
+    found = await svc.catalog.resolve(model, caller.org_id)
+    if found is None:
+        raise NotFound(
+            f"The model {model!r} does not exist; GET /v1/models lists the models and their "
+            "aliases.",
+            code="model_not_found",
+            param="model",
+        )
+    return json_response(model_object(found))
 
 
 @router.get("/receipts/{request_id}", summary="What one request was charged")

@@ -216,6 +216,7 @@ class Model(msgspec.Struct):
     max_output_tokens: Count
     modalities: list[str]
     batch: ModelBatch | None
+    aliases: list[str]
 
 
 class ReceiptUsage(msgspec.Struct):
