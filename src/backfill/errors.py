@@ -117,6 +117,20 @@ class PaymentRequired(BackfillError):
     retryable = False
 
 
+class SpendCapReached(PaymentRequired):
+    """A batch refused by a spend cap (domain/spend_caps.py). ``retry_after_s``: until the
+    cap's window resets, when the batch fits an empty window (None: it never does, or the cap
+    is all-time)."""
+
+    code = "spend_cap_reached"
+    type = "spend_cap_reached"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.retryable = retry_after_s is not None and retry_after_s <= AUTO_RETRY_MAX_S
+
+
 class RateLimited(BackfillError):
     """Admission refused. ``retry_after_s``: an honest estimate of when waiting helps, or None
     when none can be given (what frees room may take hours: a batch ending, a deletion). Only

@@ -46,6 +46,8 @@ from backfill.domain.result_cursor import PagedResult, ResultCursor
 from backfill.domain.scheduling.concurrency import Pressure
 from backfill.domain.scheduling.demand import DemandInputs
 from backfill.domain.scheduling.planning import Plan, PlanInputs
+from backfill.domain.spend_caps import CapUse, Period, SpendCap
+from backfill.domain.waiting import LaneWait
 
 
 class Clock(Protocol):
@@ -308,6 +310,10 @@ class TenantStore(Protocol):
 
     async def list_api_keys(self, org_id: str) -> list[ApiKey]:
         """Every key of an org, revoked ones included, oldest first."""
+        ...
+
+    async def api_key_by_id(self, key_id: str) -> ApiKey | None:
+        """The key with this id, revoked or not."""
         ...
 
     async def revoke_api_key(self, key_id: str, now: int) -> ApiKey | None:
@@ -707,6 +713,12 @@ class EngineHealthStore(Protocol):
         """Batches that are validating or in progress with lines not done, by model."""
         ...
 
+    async def lane_waits(self) -> dict[tuple[str, str], LaneWait]:
+        """Why lanes' batches wait, as the planner last stored it, by (model, org); lanes
+        whose batches do not wait, or were claimed from since (``LaneWait.holds``), are left
+        out."""
+        ...
+
 
 class EngineConfigStore(Protocol):
     """Engines stored for every worker to serve (docs/fleet.md)."""
@@ -757,6 +769,24 @@ class AuditStore(Protocol):
         ...
 
 
+class SpendCapStore(Protocol):
+    """Spend caps of orgs and keys (domain/spend_caps.py); admission reads them itself."""
+
+    async def put_spend_cap(self, cap: SpendCap, now: float) -> CapUse:
+        """Set the cap of ``cap.scope_id`` for ``cap.period``, replacing the one it had;
+        returns it with what its window holds at ``now``."""
+        ...
+
+    async def delete_spend_cap(self, scope_id: str, period: Period) -> bool:
+        """Remove a cap; False when there was none."""
+        ...
+
+    async def spend_cap_uses(self, org_id: str, now: float) -> list[CapUse]:
+        """The org's caps and its keys', org first, each with what its window holds at
+        ``now``."""
+        ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -772,6 +802,7 @@ class Store(
     EngineHealthStore,
     EngineConfigStore,
     AuditStore,
+    SpendCapStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

@@ -84,12 +84,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     folder = tmp_path_factory.mktemp("dashboard")
     simulator: SimulatorProcess = start_simulator_process("--ttft-ms", "5", "--itl-ms", "0")
     try:
-        # Two requests at a time, so a batch of slow lines takes long enough to watch.
+        # Two requests at a time, so a batch of slow lines takes long enough to watch; the
+        # planner looks twice a second, so a batch's wait of a few seconds shows on its page.
         server = start_server_process(
             folder,
             simulator.base_url,
             max_concurrency=2,
-            extra=f'admin_token = "{ADMIN_TOKEN}"',
+            extra=f'admin_token = "{ADMIN_TOKEN}"\nscheduling.plan_interval_s = 0.5',
         )
         try:
             made = httpx.post(

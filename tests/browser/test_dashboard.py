@@ -276,6 +276,18 @@ def test_the_admin_token_shows_engines_queue_and_orgs(page: Page, site: Site) ->
 
 
 def test_credit_and_ledger(page: Page, site: Site) -> None:
+    # A cap no batch of these tests comes near, removed at the end (the site is shared).
+    cap = "/admin/v1/orgs/default/spend_caps/month"
+    with site.api(site.admin_token) as admin:
+        assert admin.put(cap, json={"usd": "1000"}).status_code == 200
+    try:
+        credit_page_shows_credit_caps_and_ledger(page, site)
+    finally:
+        with site.api(site.admin_token) as admin:
+            admin.delete(cap)
+
+
+def credit_page_shows_credit_caps_and_ledger(page: Page, site: Site) -> None:
     signed_in(page, site)
     page.click("nav >> text=Credit")
     expect(page.locator("#view h1")).to_have_text("Credit")
@@ -287,3 +299,57 @@ def test_credit_and_ledger(page: Page, site: Site) -> None:
     first = ledger["data"][0]
     expect(page.locator("tr[data-entry]").first).to_have_attribute("data-entry", first["id"])
     expect(page.locator("tr[data-entry]").last).to_contain_text("Credit")
+    with site.api() as client:
+        (cap,) = client.get("/v1/organization").json()["spend_caps"]
+    row = page.locator('#spend-caps tr[data-cap="org:month"]')
+    expect(row).to_contain_text("The organization")
+    expect(row).to_contain_text("Month (UTC)")
+    expect(row.locator("td").nth(2)).to_have_text("$1000")
+    expect(row.locator("[data-cap-left]")).to_have_text(re.compile(r"^\$\d"))
+    assert cap["resets_at"] is not None
+    expect(row.locator("time")).to_be_visible()
+
+
+def test_a_batch_that_waits_says_why_until_it_moves(page: Page, site: Site) -> None:
+    """Another org's slow lines fill both of the engine's slots and its backlog: a new org's
+    batch has nothing running and waits on fair share, which its page says in the API's words
+    until its lines start; then it completes and says nothing more."""
+    with site.api(site.admin_token) as client:
+        made = client.post("/admin/v1/orgs", json={"name": "second-org"})
+        assert made.status_code == 200, made.text
+        key = client.post(
+            "/admin/v1/keys",
+            json={"org": "second-org", "scopes": ["inference:write", "requests:read"]},
+        )
+        assert key.status_code == 200, key.text
+        credit = client.post("/admin/v1/credits", json={"org": "second-org", "usd": "10"})
+        assert credit.status_code == 200, credit.text
+    second_key = key.json()["key"]
+    with site.api() as client:
+        first = submit(client, [chat_line(f"w{i}", f"[[sim:delay_ms=3500]] {i}") for i in range(6)])
+
+    def engine_full() -> bool:
+        with site.api(site.admin_token) as client:
+            engines = client.get("/admin/v1/engines").json()["data"]
+        return bool(engines[0]["in_flight"] == 2)
+
+    deadline = time.monotonic() + 15
+    while not engine_full():
+        assert time.monotonic() < deadline, "the first org's lines never filled the engine"
+        time.sleep(0.05)
+    with site.api(second_key) as client:
+        second = submit(client, [chat_line(f"s{i}", f"second {i}") for i in range(2)])
+
+    signed_in(page, site, second_key)
+    page.goto(f"{site.url}#/batch/{second}")
+    note = page.locator("#batch-waiting")
+    expect(note).to_have_attribute("data-code", "fair_share", timeout=10_000)
+    expect(note.locator(".message")).to_contain_text("busy with requests of 1 other organization")
+    expect(note.locator("[data-field=since]")).to_be_visible()
+    site.screenshot(page, "batch-waiting.png")
+
+    # Its lines start once two of the first org's end: the note goes, the batch completes.
+    expect(page.locator("#batch-status")).to_have_text("completed", timeout=30_000)
+    expect(note).to_have_count(0)
+    with site.api() as client:
+        client.post(f"/v1/batches/{first}/cancel")

@@ -1,6 +1,6 @@
 """The migrations build exactly the schema ``tables.py`` declares, on SQLite and PostgreSQL;
-0008 numbers the stored results of batches that were running when it ran, and 0017 names
-every stored model by its id."""
+0008 numbers the stored results of batches that were running when it ran, 0017 names every
+stored model by its id, and 0018 counts what was spent before spend caps existed."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from backfill.adapters.db import tables as t
 from backfill.adapters.db.migrate import alembic_config
 from backfill.adapters.db.store import SqlStore
 from backfill.domain.catalog import CatalogModel
+from backfill.domain.spend_caps import CapScope, Period, SpendCap
 from backfill.errors import InvalidInput
 from tests.support import create_pg_database, drop_pg_database
 
@@ -129,3 +130,77 @@ async def test_0017_gives_every_stored_model_its_id_as_a_name(url: str) -> None:
             await store.upsert_model(taking, 2, replace=True)
     finally:
         await store.close()
+
+
+async def test_0018_counts_what_was_spent_before_caps_existed(url: str) -> None:
+    """Every batch, every span of GPU time and the charges of batches deleted before 0018 count
+    under the caps set after it, each in its own window."""
+    store = SqlStore(url)
+    try:
+        async with store.engine.begin() as conn:
+            await conn.run_sync(lambda c: command.upgrade(alembic_config(c), "0017"))
+            await conn.execute(text("INSERT INTO orgs (id, name, created_at) VALUES ('o', 'o', 1)"))
+            for batch_id, status, created, charged, reserved in [
+                ("running", "in_progress", 86_400 * 10 + 5, 30, 70),
+                ("over", "completed", 86_400 * 10 + 9, 40, 0),
+                ("yesterday", "cancelled", 86_400 * 9, 1000, 0),
+            ]:
+                await conn.execute(
+                    text(
+                        "INSERT INTO batches (id, org_id, seq, endpoint, model, model_config_id,"
+                        " input_file_id, completion_window, status, created_at, expires_at,"
+                        " total, completed, failed, input_tokens, output_tokens, charged,"
+                        " reserved) VALUES (:id, 'o', 1, '/v1/chat/completions', 'm', 'm1', 'f',"
+                        " '24h', :status, :created, :created, 3, 0, 0, 0, 0, :charged, :reserved)"
+                    ),
+                    {
+                        "id": batch_id,
+                        "status": status,
+                        "created": created,
+                        "charged": charged,
+                        "reserved": reserved,
+                    },
+                )
+            for request_id, kind, charged_batch, amount, at in [
+                ("req_gpu", "gpu_time", None, 5, 86_400 * 10 + 100.75),
+                ("req_gpu_2", "gpu_time", None, 2, 86_400 * 11 - 0.5),
+                ("req_gone_1", "tokens", "gone", 200, 86_400 * 10 + 7.5),
+                ("req_gone_2", "tokens", "gone", 300, 86_400 * 10 + 8.0),
+                ("req_over", "tokens", "over", 40, 86_400 * 10 + 10.0),
+            ]:
+                await conn.execute(
+                    text(
+                        "INSERT INTO receipts (request_id, org_id, kind, batch_id, amount,"
+                        " created_at) VALUES (:id, 'o', :kind, :batch, :amount, :at)"
+                    ),
+                    {
+                        "id": request_id,
+                        "kind": kind,
+                        "batch": charged_batch,
+                        "amount": amount,
+                        "at": at,
+                    },
+                )
+        await store.init()
+        async with store.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT id, api_key_id, created_at, amount, settled FROM spend ORDER BY id"
+                    )
+                )
+            ).all()
+        day = SpendCap(CapScope.ORG, "o", "o", Period.DAY, 10**6, 1)
+        await store.put_spend_cap(day, 86_400 * 10 + 50)
+        today = (await store.spend_cap_uses("o", 86_400 * 10 + 50))[0]
+    finally:
+        await store.close()
+    assert [tuple(row) for row in rows] == [
+        ("gone", None, 86_400 * 10 + 7, 500, True),
+        ("gpu_o_10", None, 86_400 * 10, 7, True),
+        ("over", None, 86_400 * 10 + 9, 40, True),
+        ("running", None, 86_400 * 10 + 5, 30, False),
+        ("yesterday", None, 86_400 * 9, 1000, True),
+    ]
+    # The running batch is read live: 30 charged so far and 70 still reserved.
+    assert (today.charged, today.reserved) == (30 + 40 + 500 + 7, 70)

@@ -11,7 +11,14 @@ import pytest
 from rich.console import Console
 
 from backfill.cli.banner import ready_banner, site
-from backfill.cli.batch import DEFAULT_BASE_URL, _age, _listing, _summary, base_url_for
+from backfill.cli.batch import (
+    DEFAULT_BASE_URL,
+    _age,
+    _listing,
+    _status_line,
+    _summary,
+    base_url_for,
+)
 
 NOW = 1_800_000_000.0
 
@@ -75,6 +82,30 @@ def test_batch_status_summary_keeps_ids_whole() -> None:
     assert "file-" + "c" * 24 in text
     assert "13,579/100,000 done, 1,234 failed" in text
     assert "5,000 in, 700 out" in text
+
+
+def test_batch_status_says_why_a_batch_waits_and_when_it_moves_again() -> None:
+    message = (
+        "Engine 'vllm' serving model 'm' answered Backfill with 429 Too Many Requests since "
+        "2027-01-15 08:00:00 UTC: the engine is limiting the requests it takes."
+    )
+    waiting = {
+        "code": "rate_limited",
+        "since": int(NOW),
+        "resumes_at": int(NOW) + 30,
+        "message": message,
+    }
+    text = rendered(_summary(a_batch("batch_w", waiting_on=waiting)), 100)
+    assert "rate_limited since " in text
+    assert "expected to move about " in text
+    assert "Too Many Requests" in text
+    assert _status_line(a_batch("batch_w", waiting_on=waiting)) == (
+        "in_progress (waiting: rate_limited)"
+    )
+    # A batch that moves shows neither.
+    moving = a_batch("batch_m", waiting_on=None)
+    assert "waiting" not in rendered(_summary(moving), 100)
+    assert _status_line(moving) == "in_progress"
 
 
 def test_the_first_start_shows_the_key_and_what_to_run_next() -> None:

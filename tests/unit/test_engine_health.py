@@ -9,9 +9,7 @@ import pytest
 from backfill.domain.catalog import Billing
 from backfill.domain.engine_health import (
     DEFAULT_START_S,
-    ENGINE_STARTING,
     MAX_REASON_CHARS,
-    NO_HEALTHY_ENGINE,
     START_GRACE_S,
     EngineReport,
     EngineState,
@@ -21,10 +19,13 @@ from backfill.domain.engine_health import (
     NoteKind,
     model_health,
     start_delays,
-    waiting_on,
 )
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord
+from backfill.domain.waiting import WaitCode, WaitingOn
+from backfill.domain.waiting import waiting_on as waiting_on_lanes
+
+ENGINE_STARTING, NO_HEALTHY_ENGINE = WaitCode.ENGINE_STARTING, WaitCode.NO_HEALTHY_ENGINE
 
 UP, DOWN, STANDBY = EngineState.UP, EngineState.DOWN, EngineState.STANDBY
 STARTING = EngineState.STARTING
@@ -222,6 +223,11 @@ def test_a_model_is_available_while_any_engine_serving_it_is_up_or_on_standby() 
         # Its work waits for a start.
         "e": ModelHealth(True, None, starting_since=T0),
     }
+
+
+def waiting_on(batch: BatchRecord, health: dict[str, ModelHealth]) -> WaitingOn | None:
+    """What the batch shows with no lane held (credit, fair share), at T0."""
+    return waiting_on_lanes(batch, health, {}, T0)
 
 
 def batch(status: BatchStatus = BatchStatus.IN_PROGRESS, done: int = 0) -> BatchRecord:

@@ -12,6 +12,7 @@ import pytest
 from backfill.adapters.clock import ManualClock, SystemClock
 from backfill.adapters.engines.fake import FakeEngine
 from backfill.domain.engine_health import EngineReport, EngineState
+from backfill.domain.waiting import LaneWait
 from backfill.runner.engine_pool import EnginePool
 from backfill.runner.engine_reports import EngineReports, write_delay
 from backfill.runner.inputs import Queued
@@ -58,6 +59,9 @@ class Reports:
         self.rows = {k: r for k, r in self.rows.items() if r.worker != worker}
 
     async def running_batches_by_model(self) -> dict[str, int]:
+        return {}
+
+    async def lane_waits(self) -> dict[tuple[str, str], LaneWait]:
         return {}
 
 

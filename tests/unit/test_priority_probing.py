@@ -20,6 +20,7 @@ from backfill.adapters.engines.fake import FakeEngine
 from backfill.cli.admin import _engines_table
 from backfill.domain.engine_health import EngineReport, EngineState, PriorityOutcome
 from backfill.domain.scheduling.concurrency import Pressure
+from backfill.domain.waiting import LaneWait
 from backfill.runner.engine_pool import PRIORITY_RETRY_S, PRIORITY_TRIES, EnginePool, Sharing
 from backfill.runner.engine_reports import EngineReports
 from tests.support import eventually
@@ -174,6 +175,9 @@ class _NoStore:
         pass
 
     async def running_batches_by_model(self) -> dict[str, int]:
+        return {}
+
+    async def lane_waits(self) -> dict[tuple[str, str], LaneWait]:
         return {}
 
 

@@ -1,5 +1,5 @@
-"""``backfill admin``: organizations, API keys, credit, catalog models, private deployments,
-engines and the queue, straight against the database.
+"""``backfill admin``: organizations, API keys, credit, spend caps, catalog models, private
+deployments, engines and the queue, straight against the database.
 
 Every read command takes ``--json`` and then prints the object the admin API answers for the
 same read (``GET /admin/v1/...``), so scripts see one shape wherever they read it.
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from backfill.cli.caps import spend_cap_app
 from backfill.cli.common import (
     ConfigOpt,
     DataOpt,
@@ -70,6 +71,7 @@ app.add_typer(deployment_app, name="deployment")
 app.add_typer(engine_app, name="engine")
 app.add_typer(webhook_app, name="webhook")
 app.add_typer(email_app, name="email")
+app.add_typer(spend_cap_app, name="spend-cap")
 
 
 @org_app.command("create")

@@ -210,7 +210,7 @@ def _poll(client: Client, batch_id: str, follower: ResultFollower | None = None)
                 task,
                 total=counts["total"] or None,
                 completed=counts["completed"] + counts["failed"],
-                status=batch["status"],
+                status=_status_line(batch),
                 failed=counts["failed"],
                 rate=rate,
                 eta=eta,
@@ -220,6 +220,15 @@ def _poll(client: Client, batch_id: str, follower: ResultFollower | None = None)
             if batch["status"] in TERMINAL:
                 return batch
             time.sleep(1.0)
+
+
+def _status_line(batch: dict[str, Any]) -> str:
+    """The progress line's status, with why the batch waits when it does (its code: the
+    message is in ``backfill batch status``)."""
+    waiting = batch.get("waiting_on")
+    if isinstance(waiting, dict) and waiting.get("code"):
+        return f"{batch['status']} (waiting: {waiting['code']})"
+    return str(batch["status"])
 
 
 def _speed(batch: dict[str, Any], throughput: Throughput) -> tuple[str, str]:
@@ -400,6 +409,7 @@ def _summary(batch: dict[str, Any]) -> Table:
         ("created", _when(batch["created_at"])),
         ("expires", _when(batch.get("expires_at"))),
         ("estimated end", _when(batch.get("estimated_completion_at"))),
+        *_waiting_rows(batch.get("waiting_on")),
         ("output file", batch.get("output_file_id")),
         ("error file", batch.get("error_file_id")),
         ("retry of", batch.get("retry_of")),
@@ -413,6 +423,18 @@ def _summary(batch: dict[str, Any]) -> Table:
     for error in ((batch.get("errors") or {}).get("data")) or []:
         table.add_row("error", Text(f"line {error.get('line')}: {error.get('message')}"))
     return table
+
+
+def _waiting_rows(waiting: Any) -> list[tuple[str, str | None]]:
+    """Why the batch does not move (docs/api.md, "Why a batch waits"): its code, since when
+    and when it is expected to move again, then the server's message whole."""
+    if not isinstance(waiting, dict) or not waiting.get("code"):
+        return []
+    head = f"{waiting['code']} since {_when(waiting.get('since')) or '?'}"
+    resumes = _when(waiting.get("resumes_at"))
+    if resumes:
+        head += f", expected to move about {resumes}"
+    return [("waiting", head), ("why", waiting.get("message"))]
 
 
 def _when(unix: int | None) -> str | None:

@@ -63,6 +63,7 @@ from backfill.services.planner import Planner
 from backfill.services.reruns import RerunService
 from backfill.services.results import ResultService
 from backfill.services.retention import Janitor
+from backfill.services.spend_caps import SpendCapService
 from backfill.services.tenants import TenantService
 from backfill.settings import (
     LOCAL_CONTEXT,
@@ -548,6 +549,7 @@ def build(
         error_codes=ErrorCodeService(store, keyring, files),
         engines=engine_admin,
         audit=AuditLog(store, store),
+        spend_caps=SpendCapService(store, store, clock),
     )
     return Backfill(
         settings,

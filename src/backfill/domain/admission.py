@@ -1,5 +1,5 @@
-"""Whether a new batch may be accepted: credit, the org's limits and the model's capacity
-(configured in output tokens per second, or measured in requests per second).
+"""Whether a new batch may be accepted: credit, spend caps, the org's limits and the model's
+capacity (configured in output tokens per second, or measured in requests per second).
 
 Pure: the store reads an ``AdmissionSnapshot`` under the org's lock and calls ``check`` inside
 the same transaction, so two creations of one org never both pass on the same credit.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from backfill.domain.durations import format_seconds, parse_duration
 from backfill.domain.money import MAX_BALANCE, MAX_BALANCE_USD, pico_to_usd
 from backfill.domain.records import Admission, BatchRecord
+from backfill.domain.spend_caps import CapUse, check_caps
 from backfill.errors import PaymentRequired, RateLimited, retained_input_limit
 
 
@@ -37,6 +38,8 @@ class AdmissionSnapshot:
     start_delay_s: float = 0.0
     """How long until an engine for the model answers, when all of them run on demand and
     are stopped or starting (read only with a rate; engine_health.start_delays)."""
+    caps: tuple[CapUse, ...] = ()
+    """The spend caps of the org and of the creating key, with what their windows hold."""
 
     @property
     def available(self) -> int:
@@ -65,9 +68,12 @@ def check_retained(retained: int, adding: int, limit: int) -> None:
 
 
 def check(snapshot: AdmissionSnapshot, batch: BatchRecord, admission: Admission) -> None:
-    """Raise the first refusal that applies: credit, unfinished batches, retained input,
-    then the model's capacity; return when the batch may be accepted."""
+    """Raise the first refusal that applies: credit, spend caps, unfinished batches, retained
+    input, then the model's capacity; return when the batch may be accepted."""
     _check_credit(snapshot, admission)
+    check_caps(
+        snapshot.caps, admission.reserve, admission.require_positive_balance, batch.created_at
+    )
     if snapshot.unfinished >= admission.max_unfinished:
         raise RateLimited(
             f"This organization already has {snapshot.unfinished} unfinished batches (the limit "

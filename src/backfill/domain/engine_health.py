@@ -1,5 +1,6 @@
 """Engine health as operators and batch owners see it: what each worker's health checks found,
-what of it is worth a log line, and whether a batch waits because no engine can serve it.
+what of it is worth a log line, and, per model, whether an engine can take batch work now
+(``domain/waiting.py`` turns that into a batch's ``waiting_on``).
 
 Pure: the runner feeds check results and times in; the store keeps ``EngineReport`` rows so
 that every process (an API without a worker included) reads the same picture.
@@ -7,26 +8,15 @@ that every process (an API without a worker included) reads the same picture.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-from backfill.domain.lifecycle import BatchStatus
-
-if TYPE_CHECKING:
-    from backfill.domain.records import BatchRecord
 
 # An engine that has not answered yet (the worker just started, or started it on demand) is
 # reported as down only after this long: a managed llama.cpp loads in a few seconds, and a
 # warning at every start would teach operators to ignore the real one.
 START_GRACE_S = 10.0
 
-# The code a batch object's ``waiting_on`` carries when no engine can serve its model.
-NO_HEALTHY_ENGINE = "no_healthy_engine"
-# ...and while the only engines for its model are being started on demand.
-ENGINE_STARTING = "engine_starting"
 # How long a start on demand is assumed to take before one was measured: a managed llama.cpp
 # answers within seconds, a vLLM loading a small model within about a minute; a guess on the
 # long side only makes deadlines a little more careful until the first start is timed.
@@ -45,6 +35,85 @@ class EngineState(StrEnum):
     """Stopped on purpose; started when work waits for its models (not a fault)."""
     STARTING = "starting"
     """Started on demand and not answering yet (not a fault until its start takes too long)."""
+
+
+class Hold(StrEnum):
+    """Why an engine that is up takes no batch work now (its worker saw it; a batch's
+    ``waiting_on`` code of the same name)."""
+
+    RATE_LIMITED = "rate_limited"
+    """It answered 429 (or 503) and nothing succeeded there since: requests wait to retry."""
+    INTERACTIVE_LOAD = "interactive_load"
+    """A shared engine whose people leave batch work no room: its limit is 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHold:
+    """What keeps an engine that is up from taking batch work, as its worker saw it."""
+
+    hold: Hold
+    since: float
+    """When it began (Unix seconds): the first 429 after a success, the limit reaching 0."""
+    until: float | None = None
+    """RATE_LIMITED: when the next request is retried there (Unix seconds)."""
+    status: int | None = None
+    """RATE_LIMITED: the HTTP status the engine answered last (429 or 503)."""
+
+
+# A rate limit is reported until this long after its last retry was due with no 429 since:
+# requests that gave up (their attempts spent) leave no retry behind to end it.
+HOLD_GRACE_S = 5.0
+
+
+class HoldTracker:
+    """What keeps one engine from taking batch work while it is up, as its requests and its
+    governor find it: a 429 (or 503) with no success since, or a shared engine's limit at 0
+    (people leave batch work no room). Each event says whether the hold began or ended, so
+    the worker stores its report then; times are Unix seconds."""
+
+    def __init__(self) -> None:
+        self._limited: EngineHold | None = None
+        self._people_since: float | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self._limited is not None
+
+    def overloaded(self, status: int, now: float, retry_at: float) -> bool:
+        """A request was answered ``status`` and is retried at ``retry_at``; True when that
+        began a rate limit (the first since a success)."""
+        began = self._limited is None
+        since = now if self._limited is None else self._limited.since
+        self._limited = EngineHold(Hold.RATE_LIMITED, since, retry_at, status)
+        return began
+
+    def succeeded(self) -> bool:
+        """A request succeeded; True when that ended a rate limit."""
+        ended = self._limited is not None
+        self._limited = None
+        return ended
+
+    def people(self, none_left: bool, now: float) -> bool:
+        """The governor's limit moved; ``none_left``: a shared engine's people leave batch
+        work nothing. True when people's hold began or ended."""
+        if none_left == (self._people_since is not None):
+            return False
+        self._people_since = now if none_left else None
+        return True
+
+    def reset(self) -> None:
+        """The engine went down or on standby: a rate limit of before says nothing of it once
+        it is back."""
+        self._limited = None
+
+    def current(self, now: float) -> EngineHold | None:
+        """The hold now (a rate limit before people's load: it has a retry time)."""
+        limited = self._limited
+        if limited is not None and (limited.until is None or now <= limited.until + HOLD_GRACE_S):
+            return limited
+        if self._people_since is not None:
+            return EngineHold(Hold.INTERACTIVE_LOAD, self._people_since)
+        return None
 
 
 class PriorityOutcome(StrEnum):
@@ -87,6 +156,8 @@ class EngineReport:
     start_s: float | None = None
     """How long the engine's starts on demand took to answer, learnt by its worker (None:
     not started on demand by it yet)."""
+    hold: EngineHold | None = None
+    """Up, but taking no batch work now, and why (None: it takes what its limit allows)."""
 
     @property
     def healthy(self) -> bool:
@@ -265,6 +336,27 @@ class ModelHealth:
     standby: its work waits for a start on demand."""
     start_s: float | None = None
     """The shortest learnt start among those engines (None: not measured yet)."""
+    held: HeldEngines | None = None
+    """Engines serving it are up, but every one of them holds batch work back now, and why
+    (None: one takes batch work, or none is up)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldEngines:
+    """Why no engine that is up takes a model's batch work now: the hold that lifts first
+    (a rate limit, which has a retry time, before people's load, which has none)."""
+
+    hold: Hold
+    engines: tuple[str, ...]
+    """The engines held so, by name."""
+    since: float
+    """The earliest of their holds' beginnings."""
+    until: float | None = None
+    """RATE_LIMITED: the earliest next retry among them."""
+    status: int | None = None
+    """RATE_LIMITED: the status they answered (the highest, when they differ)."""
+    people: float = 0.0
+    """INTERACTIVE_LOAD: people's requests running or waiting on them, as last seen."""
 
 
 _WAITING = (EngineState.STARTING, EngineState.STANDBY)
@@ -284,8 +376,12 @@ def _by_model(reports: Iterable[EngineReport]) -> dict[str, list[EngineReport]]:
 
 
 def _health(reports: list[EngineReport]) -> ModelHealth:
-    if any(r.state == EngineState.UP for r in reports):
-        return ModelHealth(True, None)
+    up = [r for r in reports if r.state == EngineState.UP]
+    if up:
+        # One report of an engine free of holds is enough: some worker sends batch work there.
+        if any(r.hold is None for r in up):
+            return ModelHealth(True, None)
+        return ModelHealth(True, None, held=_held(up))
     waiting = [r for r in reports if r.state in _WAITING]
     if waiting:
         starts = [r.start_s for r in waiting if r.start_s is not None]
@@ -293,6 +389,27 @@ def _health(reports: list[EngineReport]) -> ModelHealth:
             True, None, min(r.since for r in waiting), min(starts) if starts else None
         )
     return ModelHealth(False, max(r.since for r in reports))
+
+
+def _held(up: list[EngineReport]) -> HeldEngines:
+    """``up``: reports of engines that are up, each with a hold."""
+    holds = [(r, r.hold) for r in up if r.hold is not None]
+    limited = [(r, h) for r, h in holds if h.hold == Hold.RATE_LIMITED]
+    chosen = limited or holds
+    untils = [h.until for _, h in chosen if h.until is not None]
+    statuses = [h.status for _, h in chosen if h.status is not None]
+    # Several workers may report one engine: its people are counted once (the most seen).
+    people: dict[str, float] = {}
+    for report, _ in chosen:
+        people[report.engine] = max(people.get(report.engine, 0.0), report.pressure)
+    return HeldEngines(
+        hold=Hold.RATE_LIMITED if limited else Hold.INTERACTIVE_LOAD,
+        engines=tuple(sorted(people)),
+        since=min(h.since for _, h in chosen),
+        until=min(untils) if untils else None,
+        status=max(statuses) if statuses else None,
+        people=sum(people.values()),
+    )
 
 
 def start_delays(reports: Iterable[EngineReport], now: float) -> dict[str, float]:
@@ -327,66 +444,3 @@ def replicas_up(reports: Iterable[EngineReport], now: float) -> dict[str, int]:
             for model in report.models:
                 up.setdefault(model, set()).add((report.engine, report.url))
     return {model: len(replicas) for model, replicas in up.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class WaitingOn:
-    """Why a running batch makes no progress, for its owner: a stable ``code``, a message
-    that says what happens next, and since when (Unix seconds)."""
-
-    code: str
-    message: str
-    since: int
-
-
-# Only these statuses wait for an engine: a cancelling batch ends without one, a finalizing
-# one has no lines left.
-_RUNNING = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
-
-
-def may_wait(batch: BatchRecord) -> bool:
-    """Whether ``batch`` could be waiting for an engine: it runs and has lines not done."""
-    return batch.status in _RUNNING and batch.completed + batch.failed < batch.total
-
-
-def waiting_on(batch: BatchRecord, health: Mapping[str, ModelHealth]) -> WaitingOn | None:
-    """Why ``batch`` waits, or None: it is running, has lines not done, and no engine that
-    serves its model is healthy (or none does at all)."""
-    if not may_wait(batch):
-        return None
-    model = health.get(batch.model)
-    if model is not None and model.starting_since is not None:
-        return _starting(batch, model)
-    if model is not None and model.available:
-        return None
-    resumes = (
-        "Its requests wait in the queue; the batch resumes by itself, with nothing lost or "
-        "charged twice, as soon as {when} (it still expires at its expires_at)."
-    )
-    if model is None or model.down_since is None:
-        message = f"No running worker has an engine for model '{batch.model}'. " + resumes.format(
-            when="a worker with an engine for it runs"
-        )
-        return WaitingOn(NO_HEALTHY_ENGINE, message, batch.created_at)
-    since = int(model.down_since)
-    message = (
-        f"No engine serving model '{batch.model}' has passed its health check since "
-        f"{_utc(since)}. "
-        + resumes.format(when="one answers again")
-        + " Operators see why with 'backfill admin engine list'."
-    )
-    return WaitingOn(NO_HEALTHY_ENGINE, message, since)
-
-
-def _starting(batch: BatchRecord, model: ModelHealth) -> WaitingOn:
-    took = f"; its last start took about {model.start_s:.0f} s" if model.start_s is not None else ""
-    message = (
-        f"The engine for model '{batch.model}' runs on demand and is being started{took}. "
-        "The batch's requests run as soon as it answers."
-    )
-    since = max(batch.created_at, int(model.starting_since or 0))
-    return WaitingOn(ENGINE_STARTING, message, since)
-
-
-def _utc(ts: int) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -11,9 +11,9 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from backfill.domain.catalog import Billing
-from backfill.domain.engine_health import WaitingOn
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
+from backfill.domain.waiting import WaitingOn
 
 T = TypeVar("T")
 
@@ -93,8 +93,9 @@ class BatchRecord:
     retry_of: str | None = None
     """The batch whose failed, expired and cancelled lines this one reruns."""
     waiting_on: WaitingOn | None = field(default=None, metadata={"stored": False})
-    """Why it makes no progress now (no healthy engine for its model). Not stored: the batch
-    service derives it from the engines' health when it reads the batch."""
+    """Why it makes no progress now (domain/waiting.py). Not stored as such: the batch
+    service derives it from what the workers stored (engine reports, lane waits) when it reads
+    the batch."""
 
     @property
     def prices(self) -> Prices | None:
@@ -176,6 +177,8 @@ class Admission:
     # Refuse a batch that the model's measured throughput cannot finish inside its window
     # behind the lines already accepted.
     deadline_aware: bool = False
+    # The key that creates the batch: its spend caps apply, and the batch counts against them.
+    api_key_id: str | None = None
 
 
 # Not frozen: one is built per request served, and a frozen dataclass's __init__ costs twice

@@ -55,6 +55,7 @@ class Attempts:
         while True:
             attempt += 1
             retry_after: float | None = None
+            overloaded = 0
             started = self._clock.monotonic()
             reason = "timeout"
             try:
@@ -85,8 +86,11 @@ class Attempts:
                     return final
                 retry_after = reply.retry_after_s
                 if reply.status in _OVERLOADED:
-                    slot.overloaded(retry_after)
+                    overloaded = reply.status
             delay = backoff_s(attempt, policy.base_s, policy.max_s, retry_after, self._rng)
+            if overloaded:
+                # After the delay is known: the engine's report says when the next try is.
+                slot.overloaded(retry_after, overloaded, delay)
             if attempt >= policy.max_attempts or self._clock.now() + delay >= batch.expires_at:
                 return final
             self._metrics.retries.labels(engine.name, reason).inc()

@@ -170,4 +170,5 @@ def _report(
         until=until,
         priority=priority.value if priority is not None else None,
         start_s=slot.start_s,
+        hold=slot.hold(),
     )

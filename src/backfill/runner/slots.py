@@ -7,7 +7,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from backfill.domain.engine_health import EngineState
+from backfill.domain.engine_health import EngineHold, EngineState, HoldTracker
 from backfill.domain.records import WorkBatch
 from backfill.domain.scheduling.concurrency import ConcurrencyLimit, Mode, Pressure
 from backfill.ports import Clock, Engine, Switch
@@ -62,6 +62,9 @@ class EngineSlot:
         self._clock = clock
         self._health = SlotHealth(engine, clock, remind_s, changed)
         self.health = self._health.tracker
+        self._changed = changed
+        # What keeps it from taking batch work while up (429s, people), for its report.
+        self._holds = HoldTracker()
         self.governor = limit or ConcurrencyLimit(engine.max_concurrency, Mode.DEDICATED)
         # Set for an engine started on demand (``OnDemand``); None: it runs all along.
         self.switch = switch
@@ -164,29 +167,49 @@ class EngineSlot:
         """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
         now = self._clock.monotonic()
         self._health.answered(now)
+        if self._holds.limited and self._holds.succeeded():
+            self._changed()
         if self.governor.on_latency(latency_s, output_tokens, now):
             self._retune()
 
-    def overloaded(self, retry_after_s: float | None) -> None:
-        """The engine answered 429 or 503: a shared engine takes fewer, after a pause."""
+    def overloaded(
+        self, retry_after_s: float | None, status: int = 429, retry_in_s: float | None = None
+    ) -> None:
+        """The engine answered ``status`` (429 or 503) and the request is tried again in
+        ``retry_in_s`` (default: ``retry_after_s``): a shared engine takes fewer, after a
+        pause, and the engine is reported rate limited until a request succeeds there."""
         governor = self.governor
         governor.on_overload(retry_after_s, self._clock.monotonic())
         if governor.paused_until and self._resume is None:
             delay = max(0.0, governor.paused_until - self._clock.monotonic())
             self._resume = asyncio.get_running_loop().call_later(delay, self._resumed)
+        now = self._clock.now()
+        retry_in = retry_in_s if retry_in_s is not None else retry_after_s or 0.0
+        self._holds.overloaded(status, now, now + retry_in)
+        # Each time: the stored report says when the next try is (the writer stores at most
+        # one change every few seconds, however often the engine answers 429).
+        self._changed()
+
+    def hold(self) -> EngineHold | None:
+        """What keeps it from taking batch work while up now (None: nothing)."""
+        return self._holds.current(self._clock.now())
 
     def pressure(self, pressure: Pressure | None) -> None:
         """The engine's metrics were read (None: they could not be)."""
+        governor = self.governor
         if pressure is None:
-            before = self.governor.limit
-            self.governor.on_metrics_lost()
-            if self.governor.limit != before:
+            before = governor.limit
+            governor.on_metrics_lost()
+            if governor.limit != before:
                 self._retune()
         else:
             now = self._clock.monotonic()
-            if self.governor.on_pressure(pressure, self._in_flight, now):
+            if governor.on_pressure(pressure, self._in_flight, now):
                 self._retune()
-            self.sends.give_back(self.governor.to_give_back(pressure, self._in_flight, now))
+            self.sends.give_back(governor.to_give_back(pressure, self._in_flight, now))
+        # People leave batch work nothing on a shared engine: its batches wait on them.
+        if self._holds.people(governor.shared and governor.limit == 0, self._clock.now()):
+            self._changed()
 
     def _resumed(self) -> None:
         self._resume = None
@@ -276,6 +299,8 @@ class EngineSlot:
         return self._health.url
 
     def _observe(self, state: EngineState, reason: str | None = None) -> None:
+        if state != EngineState.UP:
+            self._holds.reset()
         if self._health.observe(state, reason):
             self._wake()
             self._fill()

@@ -165,7 +165,7 @@ class BatchService:
         self._deadline_admission = deadline_admission
         # Why a URL may not receive webhooks (None: it may); without one, none may.
         self._webhook_refusal = webhook_refusal
-        # Sets a batch's ``waiting_on`` when no engine can serve its model (None: never).
+        # Sets a batch's ``waiting_on`` when something keeps it from moving (None: never).
         self._health = health
         # Creations that met a passing fault after the batch row was committed, by batch id.
         self._retries: dict[str, asyncio.Task[None]] = {}
@@ -184,10 +184,12 @@ class BatchService:
         request_hash: str,
         *,
         retry_of: str | None = None,
+        api_key_id: str | None = None,
     ) -> tuple[BatchRecord, bool]:
         """Create a batch; returns it and whether it was new (False on an idempotent replay).
         ``request_hash`` tells a replay of the same submission from a reuse of its key;
-        ``retry_of`` names the batch whose failed lines this one reruns."""
+        ``retry_of`` names the batch whose failed lines this one reruns; ``api_key_id`` the
+        key that creates it (its spend caps apply)."""
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key.encode()) <= MAX_IDEMPOTENCY_KEY:
                 raise _bad(
@@ -205,7 +207,9 @@ class BatchService:
                 "Idempotency-Key",
                 code="missing_required_parameter",
             )
-        batch, admission = await self._new_batch(org_id, request, idempotency_key, request_hash)
+        batch, admission = await self._new_batch(
+            org_id, request, idempotency_key, request_hash, api_key_id
+        )
         batch.retry_of = retry_of
         # Nothing is committed (nor credit reserved) for input that cannot be read now.
         await self._check_readable(batch.input_file_id)
@@ -317,6 +321,7 @@ class BatchService:
         request: CreateBatchRequest,
         idempotency_key: str | None,
         request_hash: str,
+        api_key_id: str | None,
     ) -> tuple[BatchRecord, Admission]:
         file_id = request.input_file_id
         endpoint = request.endpoint
@@ -378,6 +383,7 @@ class BatchService:
             deadline_aware=self._deadline_admission,
             # Accepted input lives until its batch ends, and at most a day past its deadline.
             input_expires_at=accepted_input_expiry(expires_at),
+            api_key_id=api_key_id,
         )
         batch_id = ids.batch_id()
         # The audit log's target, when a key's request makes the batch (domain/audit.py).

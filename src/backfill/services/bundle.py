@@ -17,6 +17,7 @@ from backfill.services.notifications import NotificationService
 from backfill.services.operations import Operations
 from backfill.services.reruns import RerunService
 from backfill.services.results import ResultService
+from backfill.services.spend_caps import SpendCapService
 from backfill.services.tenants import TenantService
 
 
@@ -36,3 +37,4 @@ class Services:
     error_codes: ErrorCodeService
     engines: EngineAdmin
     audit: AuditLog
+    spend_caps: SpendCapService

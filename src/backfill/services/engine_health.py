@@ -1,6 +1,7 @@
 """Engine health as every process shows it (the admin API, ``backfill admin engine list``,
 batches' ``waiting_on``, ``/metrics``): the reports live workers stored, with this process's
-own worker seen as it is now rather than as of its last report."""
+own worker seen as it is now rather than as of its last report; and, for ``waiting_on``, the
+lanes' waits the planner stored (domain/waiting.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from backfill.domain.engine_health import (
-    EngineReport,
-    ModelHealth,
-    may_wait,
-    model_health,
-    waiting_on,
-)
+from backfill.domain.engine_health import EngineReport, ModelHealth, model_health
 from backfill.domain.records import BatchRecord, Page
+from backfill.domain.waiting import LaneWait, may_wait, waiting_on
 from backfill.ports import Clock, EngineHealthStore
 
-# Batch reads are the API's most frequent requests (SDKs poll): the models' health they show is
-# read from the database at most this often per process.
+# Batch reads are the API's most frequent requests (SDKs poll): the models' health and the
+# lanes' waits they show are read from the database at most this often per process.
 MODELS_CACHE_S = 1.0
 
 
@@ -40,6 +36,7 @@ class EngineHealth:
         self._cache_s = cache_s
         self._monotonic = monotonic
         self._models: tuple[float, dict[str, ModelHealth]] | None = None
+        self._lanes: tuple[float, dict[tuple[str, str], LaneWait]] | None = None
 
     async def reports(self) -> list[EngineReport]:
         """Every live worker's engines, by engine name then worker."""
@@ -60,6 +57,15 @@ class EngineHealth:
         self._models = (at, health)
         return health
 
+    async def lane_waits(self) -> dict[tuple[str, str], LaneWait]:
+        """Why lanes' batches wait (credit, fair share), as the planner last stored it."""
+        cached, at = self._lanes, self._monotonic()
+        if cached is not None and at - cached[0] < self._cache_s:
+            return cached[1]
+        waits = await self._store.lane_waits()
+        self._lanes = (at, waits)
+        return waits
+
     async def batches_waiting(self) -> dict[str, int]:
         """By model (each one an engine serves or a running batch names): how many running
         batches wait because no engine can serve the model now (0 when one can)."""
@@ -71,14 +77,15 @@ class EngineHealth:
         }
 
     async def annotate(self, batch: BatchRecord) -> BatchRecord:
-        """``batch`` with ``waiting_on`` set when no engine can serve its model now."""
+        """``batch`` with ``waiting_on`` set when something keeps it from moving now."""
         if not may_wait(batch):
             return batch
-        return replace(batch, waiting_on=waiting_on(batch, await self.models()))
+        health, lanes = await self.models(), await self.lane_waits()
+        return replace(batch, waiting_on=waiting_on(batch, health, lanes, self._clock.now()))
 
     async def annotate_page(self, page: Page[BatchRecord]) -> Page[BatchRecord]:
         if not any(may_wait(batch) for batch in page.items):
             return page
-        health = await self.models()
-        items = [replace(b, waiting_on=waiting_on(b, health)) for b in page.items]
+        health, lanes, now = await self.models(), await self.lane_waits(), self._clock.now()
+        items = [replace(b, waiting_on=waiting_on(b, health, lanes, now)) for b in page.items]
         return replace(page, items=items)

@@ -56,9 +56,11 @@ class RerunService:
         request: RetryBatchRequest,
         idempotency_key: str | None,
         request_hash: str,
+        api_key_id: str | None = None,
     ) -> tuple[BatchRecord, bool]:
         """A new batch of ``batch_id``'s failed, expired and cancelled lines; and whether it
-        is new (False on an idempotent replay, which uploads nothing)."""
+        is new (False on an idempotent replay, which uploads nothing). ``api_key_id``: the key
+        that asks (its spend caps apply)."""
         if idempotency_key is not None:
             replayed = await self._replay(org_id, idempotency_key, request_hash)
             if replayed is not None:
@@ -82,6 +84,7 @@ class RerunService:
                 idempotency_key,
                 request_hash,
                 retry_of=original.id,
+                api_key_id=api_key_id,
             )
         except BaseException:
             if uploaded is not None:

@@ -22,6 +22,13 @@ MAX_KEY_NAME_CHARS = 100
 LAST_USED_RESOLUTION_S = 60
 
 
+def no_such_key(key_id: str) -> NotFound:
+    return NotFound(
+        f"No API key with id {key_id!r}; list them with 'backfill admin key list --org NAME'.",
+        param="key_id",
+    )
+
+
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -140,11 +147,7 @@ class TenantService:
         if ids.plausible(key_id):
             key = await self._store.revoke_api_key(key_id, int(self._clock.now()))
         if key is None:
-            raise NotFound(
-                f"No API key with id {key_id!r}; list them with "
-                "'backfill admin key list --org NAME'.",
-                param="key_id",
-            )
+            raise no_such_key(key_id)
         return key
 
     async def authenticate(self, secret: str | None) -> Principal:

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.rows import model_of, org_of, receipt_of, receipt_values
+from backfill.adapters.db.spend_caps import add_gpu_spend
 from backfill.adapters.db.sums import joined, sum_halves
 from backfill.domain import ids
 from backfill.domain.catalog import CatalogModel, name_taken
@@ -115,6 +116,12 @@ class AccountQueries(SqlBase):
                 )
             ).all()
         return [_key_of(r) for r in rows]
+
+    async def api_key_by_id(self, key_id: str) -> ApiKey | None:
+        k = t.api_keys
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(k).where(k.c.id == key_id))).first()
+        return _key_of(row) if row else None
 
     async def revoke_api_key(self, key_id: str, now: int) -> ApiKey | None:
         k = t.api_keys
@@ -298,6 +305,9 @@ class AccountQueries(SqlBase):
     async def charge_gpu_time(self, receipt: Receipt) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(insert(t.receipts).values(**receipt_values(receipt)))
+            await add_gpu_spend(
+                conn, self.dialect, receipt.org_id, receipt.amount, receipt.created_at
+            )
             await conn.execute(
                 update(t.orgs)
                 .where(t.orgs.c.id == receipt.org_id)

@@ -25,6 +25,7 @@ from backfill.adapters.db.rows import (
     listing_anchor,
     lock_org,
 )
+from backfill.adapters.db.spend_caps import caps_in_force, open_spend
 from backfill.domain.admission import (
     AdmissionSnapshot,
     check,
@@ -154,6 +155,8 @@ class BatchQueries(SqlBase):
                     "request to get it.",
                     code="idempotency_key_conflict",
                 ) from exc
+            # Counted under the spend caps of its org and key from now on, in this window.
+            await open_spend(conn, batch.id, batch.org_id, admission.api_key_id, batch.created_at)
             if admission.input_expires_at is not None:
                 f = t.files
                 await conn.execute(
@@ -203,6 +206,9 @@ class BatchQueries(SqlBase):
             measured_rps=rps,
             unfinished_lines=lines,
             start_delay_s=delay,
+            caps=await caps_in_force(
+                conn, batch.org_id, admission.api_key_id, float(batch.created_at)
+            ),
         )
 
     async def add_items(self, batch_id: str, chunks: Sequence[ChunkRef]) -> bool:

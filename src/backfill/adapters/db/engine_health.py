@@ -10,7 +10,7 @@ from sqlalchemy import Connection, delete, func, select, true
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
 from backfill.adapters.db.engine import SqlBase
-from backfill.domain.engine_health import EngineReport, EngineState
+from backfill.domain.engine_health import EngineHold, EngineReport, EngineState, Hold
 from backfill.domain.lifecycle import BatchStatus
 
 # Rows of a worker that stopped reporting are ignored from their ``until`` on, and removed
@@ -22,6 +22,7 @@ _KEY = ("worker", "engine")
 
 
 def _values(report: EngineReport) -> dict[str, Any]:
+    hold = report.hold
     return {
         "worker": report.worker,
         "engine": report.engine,
@@ -40,6 +41,10 @@ def _values(report: EngineReport) -> dict[str, Any]:
         "until": report.until,
         "priority": report.priority,
         "start_s": report.start_s,
+        "hold": hold.hold.value if hold is not None else None,
+        "hold_since": hold.since if hold is not None else None,
+        "hold_until": hold.until if hold is not None else None,
+        "hold_status": hold.status if hold is not None else None,
     }
 
 
@@ -63,6 +68,11 @@ def report_from_row(row: Any) -> EngineReport:
         until=row.until,
         priority=row.priority,
         start_s=row.start_s,
+        hold=(
+            EngineHold(Hold(row.hold), row.hold_since or 0.0, row.hold_until, row.hold_status)
+            if row.hold is not None
+            else None
+        ),
     )
 
 

@@ -4,6 +4,7 @@ shows."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.engine_health import report_from_row
-from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.lifecycle import BatchStatus, ItemState
 from backfill.domain.records import DispatchShare
 from backfill.domain.scheduling.claim_model import has_claimable_work
 from backfill.domain.scheduling.planning import (
@@ -22,22 +23,34 @@ from backfill.domain.scheduling.planning import (
     PlanInputs,
     RunningBatch,
 )
+from backfill.domain.waiting import LaneWait, WaitCode
 
-_ln, _o, _b = t.lanes, t.orgs, t.batches
+_ln, _o, _b, _m, _i = t.lanes, t.orgs, t.batches, t.models, t.items
 # The planner's reads, built once. A lane counts as having work only when a claim could take
 # it (claim_model.has_claimable_work, applied to these columns as the rows are read).
-_LANES = select(
-    _ln.c.model,
-    _ln.c.org_id,
-    _ln.c.served,
-    _ln.c.served_mark,
-    _ln.c.ready,
-    _ln.c.metered,
-    _o.c.balance,
-    _ln.c.urgent_by,
-    _ln.c.share,
-    _ln.c.vtime,
-).join_from(_ln, _o, _o.c.id == _ln.c.org_id)
+_LANES = (
+    select(
+        _ln.c.model,
+        _ln.c.org_id,
+        _ln.c.served,
+        _ln.c.served_mark,
+        _ln.c.ready,
+        _ln.c.metered,
+        _o.c.balance,
+        _o.c.weight,
+        _ln.c.urgent_by,
+        _ln.c.share,
+        _ln.c.vtime,
+        _ln.c.waiting_code,
+        _ln.c.waiting_since,
+        _ln.c.waiting_detail,
+        _m.c.gpu_count,
+        _m.c.microusd_per_gpu_second,
+    )
+    .join_from(_ln, _o, _o.c.id == _ln.c.org_id)
+    # A private deployment's price, for what a lane held for credit needs.
+    .outerjoin(_m, _m.c.id == _ln.c.model)
+)
 _RATES = select(t.model_rates)
 _RUNNING = (
     select(
@@ -58,23 +71,84 @@ _RUNNING = (
 # Every worker's engine rows, those of workers that stopped reporting included: the plan,
 # made at its own time, leaves out rows whose ``until`` has passed. A few rows per worker.
 _ENGINES = select(t.engine_health)
+# Which of some batches have lines leased: ``ix_items_claim`` (batch_id, state) reads only
+# those lines, one range per batch.
+_LEASED = (
+    select(_i.c.batch_id)
+    .where(_i.c.batch_id.in_(bindparam("ids", expanding=True)), _i.c.state == ItemState.LEASED)
+    .distinct()
+)
+# Batch ids per statement: well under every database's limit on bound values.
+_LEASED_PER_QUERY = 500
+
+
+def _shared(running: Sequence[Any]) -> list[str]:
+    """The running batches of models that more than one org has running batches for: only
+    their lanes can wait on fair share, so only their leases are read."""
+    orgs: dict[str, set[str]] = defaultdict(set)
+    for row in running:
+        orgs[row.model].add(row.org_id)
+    return sorted(row.id for row in running if len(orgs[row.model]) > 1)
+
+
+def _leased(conn: Connection, ids: list[str]) -> frozenset[str]:
+    found: set[str] = set()
+    for start in range(0, len(ids), _LEASED_PER_QUERY):
+        part = ids[start : start + _LEASED_PER_QUERY]
+        found.update(conn.execute(_LEASED, {"ids": part}).scalars())
+    return frozenset(found)
 
 
 def _inputs(
     conn: Connection,
-) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any], Sequence[Any]]:
+) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any], Sequence[Any], frozenset[str]]:
+    running = conn.execute(_RUNNING).all()
     return (
         conn.execute(_LANES).all(),
         conn.execute(_RATES).all(),
-        conn.execute(_RUNNING).all(),
+        running,
         conn.execute(_ENGINES).all(),
+        _leased(conn, _shared(running)),
     )
+
+
+def wait_from_row(code: str | None, since: int | None, detail: Any) -> LaneWait | None:
+    """A lane's stored wait (its ``waiting_*`` columns); None when it has none."""
+    if code is None:
+        return None
+    facts = detail or {}
+    return LaneWait(
+        WaitCode(code),
+        int(since or 0),
+        others=int(facts.get("others", 0)),
+        weight=int(facts.get("weight", 0)),
+        total_weight=int(facts.get("total_weight", 0)),
+        balance=int(facts.get("balance", 0)),
+        lines=int(facts.get("lines", 0)),
+        needed=None if facts.get("needed") is None else int(facts["needed"]),
+        served=int(facts.get("served", 0)),
+    )
+
+
+def _wait_values(wait: LaneWait | None) -> dict[str, Any]:
+    if wait is None:
+        return {"l_wait": None, "l_wait_since": None, "l_wait_detail": None}
+    detail = {
+        "others": wait.others,
+        "weight": wait.weight,
+        "total_weight": wait.total_weight,
+        "balance": wait.balance,
+        "lines": wait.lines,
+        "needed": wait.needed,
+        "served": wait.served,
+    }
+    return {"l_wait": wait.code.value, "l_wait_since": wait.since, "l_wait_detail": detail}
 
 
 class PlanningQueries(SqlBase):
     async def plan_inputs(self) -> PlanInputs:
         # One trip on SQLite: every worker's planner reads these every few seconds, busy or not.
-        lanes, rates, running, engines = await self.in_one_trip(
+        lanes, rates, running, engines, leased = await self.in_one_trip(
             "reading the planner's inputs", _inputs
         )
         return PlanInputs(
@@ -88,6 +162,13 @@ class PlanningQueries(SqlBase):
                     urgent_by=int(row.urgent_by),
                     share=float(row.share),
                     vtime=float(row.vtime),
+                    weight=int(row.weight),
+                    gated=int(row.ready) > 0
+                    and not has_claimable_work(int(row.ready), bool(row.metered), int(row.balance)),
+                    balance=int(row.balance),
+                    gpu_count=int(row.gpu_count or 0),
+                    gpu_price=int(row.microusd_per_gpu_second or 0),
+                    wait=wait_from_row(row.waiting_code, row.waiting_since, row.waiting_detail),
                 )
                 for row in lanes
             ],
@@ -117,6 +198,7 @@ class PlanningQueries(SqlBase):
                 for row in running
             ],
             engines=[report_from_row(row) for row in engines],
+            leased=leased,
         )
 
     async def apply_plan(self, plan: Plan) -> None:
@@ -140,6 +222,9 @@ class PlanningQueries(SqlBase):
                         urgent_by=bindparam("l_urgent"),
                         # Relative: claims made since the plan read the lane still count.
                         vtime=ln.c.vtime - bindparam("l_forgiven"),
+                        waiting_code=bindparam("l_wait"),
+                        waiting_since=bindparam("l_wait_since"),
+                        waiting_detail=bindparam("l_wait_detail"),
                     ),
                     [
                         {
@@ -149,6 +234,7 @@ class PlanningQueries(SqlBase):
                             "l_share": lane.share,
                             "l_urgent": lane.urgent_by,
                             "l_forgiven": lane.forgiven,
+                            **_wait_values(lane.wait),
                         }
                         for lane in sorted(plan.lanes, key=lambda x: (x.model, x.org_id))
                     ],
@@ -180,6 +266,27 @@ class PlanningQueries(SqlBase):
                         where=r.c.observed_at < rate.observed_at,
                     )
                 )
+
+    async def lane_waits(self) -> dict[tuple[str, str], LaneWait]:
+        ln = t.lanes
+        # A lane per (model, org): a small table, read whole for the few rows with a wait.
+        query = select(
+            ln.c.model,
+            ln.c.org_id,
+            ln.c.served,
+            ln.c.waiting_code,
+            ln.c.waiting_since,
+            ln.c.waiting_detail,
+        ).where(ln.c.waiting_code.is_not(None))
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        waits: dict[tuple[str, str], LaneWait] = {}
+        for row in rows:
+            wait = wait_from_row(row.waiting_code, row.waiting_since, row.waiting_detail)
+            # A lane claimed from since its wait was found moves: the wait is over.
+            if wait is not None and wait.holds(int(row.served)):
+                waits[(row.model, row.org_id)] = wait
+        return waits
 
     async def dispatch_shares(self) -> list[DispatchShare]:
         ln, o = t.lanes, t.orgs

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from backfill.adapters.db import tables as t
 from backfill.adapters.db.dialect import Dialect
+from backfill.adapters.db.spend_caps import settle_spend
 from backfill.domain import ids, lifecycle
 from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.files import FilePurpose, FileRecord, FileStatus, InputFormat
@@ -204,9 +205,13 @@ async def listing_anchor(
 
 
 async def release_reservation(conn: AsyncConnection, batch_id: str) -> None:
-    """At the terminal state the unspent part of the reservation goes back (SPEC §7.3)."""
+    """At the terminal state the unspent part of the reservation goes back (SPEC §7.3), and
+    the batch counts under spend caps for what it was charged."""
     b = t.batches
-    row = (await conn.execute(select(b.c.org_id, b.c.reserved).where(b.c.id == batch_id))).one()
+    row = (
+        await conn.execute(select(b.c.org_id, b.c.reserved, b.c.charged).where(b.c.id == batch_id))
+    ).one()
+    await settle_spend(conn, batch_id, int(row.charged))
     if row.reserved:
         await conn.execute(update(b).where(b.c.id == batch_id).values(reserved=0))
         await conn.execute(

@@ -23,6 +23,7 @@ from backfill.adapters.db.progress import ProgressQueries
 from backfill.adapters.db.reruns import EndedBatchQueries
 from backfill.adapters.db.result_pages import ResultPageQueries
 from backfill.adapters.db.result_writes import ResultWriteQueries
+from backfill.adapters.db.spend_caps import SpendCapQueries
 
 
 class SqlStore(
@@ -43,5 +44,6 @@ class SqlStore(
     ProgressQueries,
     ResultWriteQueries,
     ResultPageQueries,
+    SpendCapQueries,
 ):
     """A ``Store`` on SQLite (embedded) or PostgreSQL (scale-out)."""

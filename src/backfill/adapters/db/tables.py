@@ -126,6 +126,39 @@ receipts = Table(
     Index("ix_receipts_org", "org_id"),
 )
 
+# Spend caps (domain/spend_caps.py): at most one per org or key (``scope_id``) and period.
+spend_caps = Table(
+    "spend_caps",
+    metadata,
+    Column("scope_id", String(64), primary_key=True),
+    Column("period", String(8), primary_key=True),
+    Column("scope", String(8), nullable=False),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    # Picodollars.
+    Column("amount", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Index("ix_spend_caps_org", "org_id"),
+)
+
+# What spend caps count, by the window it belongs to: one row per batch (its id, dated at its
+# creation) and one per org and UTC day of GPU time (``gpu_<org id>_<day>``, dated at the day's
+# start). A running batch's row is ``settled`` false and its amount is read from the batch
+# (charged + reserved); at its end ``amount`` becomes what it was charged. Rows outlive deleted
+# batches, so deleting a batch never gives back room under a cap.
+spend = Table(
+    "spend",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("org_id", String(64), ForeignKey("orgs.id"), nullable=False),
+    # The key that created the batch; null for GPU time and for batches made before 0018.
+    Column("api_key_id", String(64)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("amount", BigInteger, nullable=False, server_default="0"),
+    Column("settled", Boolean, nullable=False),
+    Index("ix_spend_org", "org_id", "created_at"),
+    Index("ix_spend_key", "api_key_id", "created_at"),
+)
+
 api_keys = Table(
     "api_keys",
     metadata,
@@ -348,6 +381,11 @@ lanes = Table(
     # ``served`` at the planner's last pass, and the lane's part of what its model served since.
     Column("served_mark", BigInteger, nullable=False, server_default="0"),
     Column("share", Float, nullable=False, server_default="0"),
+    # Why the lane's batches wait, as the planner last found it (domain/scheduling/waits.py):
+    # a ``waiting_on`` code, the pass that first found it, and the facts its message quotes.
+    Column("waiting_code", String(32)),
+    Column("waiting_since", BigInteger),
+    Column("waiting_detail", JSON),
     # The ready lanes of a model in turn order (claim_model.TURN_ORDER, less its tie-breaks).
     Index(
         "ix_lanes_turn",
@@ -470,6 +508,12 @@ engine_health = Table(
     Column("priority", String(16)),
     # How long the engine's starts on demand took to answer, as its worker learnt (seconds).
     Column("start_s", Float),
+    # Up, but taking no batch work now (domain/engine_health.py, Hold): why, since when, the
+    # next retry and the status answered (a rate limit); null: it takes what its limit allows.
+    Column("hold", String(32)),
+    Column("hold_since", Float),
+    Column("hold_until", Float),
+    Column("hold_status", Integer),
 )
 
 # The audit log (domain/audit.py): one row per admin action or state-changing key use. Ids

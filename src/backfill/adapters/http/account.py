@@ -11,7 +11,13 @@ from starlette.responses import Response
 from backfill.adapters.http import wire
 from backfill.adapters.http.auth import bearer
 from backfill.adapters.http.deps import principal, services
-from backfill.adapters.http.presenters import api_key_object, list_object, money, plain
+from backfill.adapters.http.presenters import (
+    api_key_object,
+    list_object,
+    money,
+    plain,
+    spend_cap,
+)
 from backfill.adapters.http.responses import json_response
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import BatchCharges, EntryKind, LedgerEntry, OrgAccount
@@ -81,10 +87,11 @@ async def api_key(request: Request, caller: Caller, svc: Svc) -> Response:
     )
 
 
-@router.get("/organization", summary="The caller's organization and its credit")
+@router.get("/organization", summary="The caller's organization, its credit and its spend caps")
 async def organization(caller: Caller, svc: Svc) -> Response:
     caller.require(READ)
     account = await svc.account.organization(caller.org_id)
+    caps = await svc.spend_caps.uses(caller.org_id)
     return json_response(
         plain(
             wire.Organization(
@@ -93,6 +100,7 @@ async def organization(caller: Caller, svc: Svc) -> Response:
                 name=account.org.name,
                 created_at=account.org.created_at,
                 credit=credit(account),
+                spend_caps=[spend_cap(use) for use in caps],
             )
         )
     )

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from backfill import __version__
 from backfill.adapters.http.account import router as account_router
 from backfill.adapters.http.admin import router as admin_router
+from backfill.adapters.http.admin_caps import router as admin_caps_router
 from backfill.adapters.http.admin_views import router as admin_views_router
 from backfill.adapters.http.audit import AuditTrail
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
@@ -90,6 +91,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(account_router)
     app.include_router(admin_views_router)
+    app.include_router(admin_caps_router)
     app.include_router(dashboard_router)
 
     openapi = document(app)

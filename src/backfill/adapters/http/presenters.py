@@ -13,6 +13,7 @@ from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices, pico_to_usd
 from backfill.domain.notifications import DeliveryState, Notification
 from backfill.domain.records import ApiKey, BatchRecord, Receipt
+from backfill.domain.spend_caps import CapScope, CapUse
 
 
 def plain(obj: msgspec.Struct) -> dict[str, Any]:
@@ -91,9 +92,11 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
             estimated_completion_at=(
                 b.estimated_completion_at if b.status == BatchStatus.IN_PROGRESS else None
             ),
-            # Why it makes no progress now: no healthy engine serves its model (docs/api.md).
+            # Why it makes no progress now (domain/waiting.py, docs/api.md).
             waiting_on=(
-                wire.WaitingOn(code=w.code, message=w.message, since=w.since)
+                wire.WaitingOn(
+                    code=w.code, message=w.message, since=w.since, resumes_at=w.resumes_at
+                )
                 if w is not None
                 else None
             ),
@@ -217,6 +220,30 @@ def notification_object(n: Notification) -> dict[str, Any]:
             created_at=n.created_at,
         )
     )
+
+
+def spend_cap(use: CapUse) -> wire.SpendCap:
+    """A cap and its current window, as ``GET /v1/organization`` and the admin API show it."""
+    cap, span = use.cap, use.window
+    return wire.SpendCap(
+        id=f"{cap.scope_id}:{cap.period.value}",
+        object="spend_cap",
+        scope=cap.scope,
+        key_id=cap.scope_id if cap.scope == CapScope.KEY else None,
+        period=cap.period,
+        unit="usd",
+        limit=pico_to_usd(cap.limit),
+        charged=pico_to_usd(use.charged),
+        reserved=pico_to_usd(use.reserved),
+        left=pico_to_usd(use.left),
+        window_start=None if span.resets_at is None else span.start,
+        resets_at=span.resets_at,
+        updated_at=cap.updated_at,
+    )
+
+
+def spend_cap_object(use: CapUse) -> dict[str, Any]:
+    return plain(spend_cap(use))
 
 
 def api_key_object(key: ApiKey) -> dict[str, Any]:

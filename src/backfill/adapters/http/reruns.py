@@ -82,7 +82,9 @@ async def retry_batch(
 ) -> Response:
     caller.require(WRITE)
     body, request_hash = retry_batch_request(batch_id, await request.body())
-    batch, _ = await svc.reruns.retry(caller.org_id, batch_id, body, idempotency_key, request_hash)
+    batch, _ = await svc.reruns.retry(
+        caller.org_id, batch_id, body, idempotency_key, request_hash, api_key_id=caller.key_id
+    )
     return json_response(batch_object(batch))
 
 

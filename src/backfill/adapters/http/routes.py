@@ -123,7 +123,9 @@ async def create_batch(
 ) -> Response:
     caller.require(WRITE)
     body, request_hash = create_batch_request(await request.body())
-    batch, _ = await svc.batches.create(caller.org_id, body, idempotency_key, request_hash)
+    batch, _ = await svc.batches.create(
+        caller.org_id, body, idempotency_key, request_hash, api_key_id=caller.key_id
+    )
     return json_response(batch_object(batch))
 
 

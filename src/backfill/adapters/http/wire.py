@@ -23,6 +23,8 @@ from backfill.domain.files import MAX_EXPIRY_S, MIN_EXPIRY_S, FilePurpose, FileS
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import Channel
 from backfill.domain.progress import MAX_POINTS
+from backfill.domain.spend_caps import CapScope, Period
+from backfill.domain.waiting import PRECEDENCE
 
 T = TypeVar("T")
 
@@ -133,12 +135,21 @@ class BatchUsage(msgspec.Struct):
 
 
 class WaitingOn(msgspec.Struct):
-    """Why the batch makes no progress now, until it resumes."""
+    """Why the batch makes no progress now, until it resumes (docs/api.md, "Why a batch
+    waits")."""
 
-    # Spelled as a schema enum since the domain keeps codes as strings (engine_health.py).
-    code: Annotated[str, Meta(extra_json_schema={"enum": ["no_healthy_engine", "engine_starting"]})]
+    # Spelled as a schema enum: new codes may come (a client should show the message of one
+    # it does not know), and the domain keeps codes as strings (domain/waiting.py).
+    code: Annotated[str, Meta(extra_json_schema={"enum": [c.value for c in PRECEDENCE]})]
     message: str
-    since: int
+    since: Annotated[int, Meta(description="Unix seconds: when this reason began to hold.")]
+    resumes_at: Annotated[
+        int | None,
+        Meta(
+            description="Unix seconds: when the batch is expected to move again (an engine's "
+            "next retry, a start's learnt length); null when no fact says."
+        ),
+    ]
 
 
 class Batch(msgspec.Struct):
@@ -313,12 +324,36 @@ class Credit(msgspec.Struct):
     available: Usd
 
 
+class SpendCap(msgspec.Struct):
+    """A spend cap of the org or of one of its keys, with what its current window holds
+    (docs/billing.md, "Spend caps")."""
+
+    id: Annotated[
+        str, Meta(description="The capped org's or key's id and the period, e.g. key_…:day.")
+    ]
+    object: Literal["spend_cap"]
+    scope: CapScope
+    key_id: Annotated[str | None, Meta(description="The capped key's id; null for the org.")]
+    period: Period
+    unit: Literal["usd"]
+    limit: Usd
+    charged: Annotated[Usd, Meta(description="Charged in the window so far.")]
+    reserved: Annotated[Usd, Meta(description="Still reserved by the window's running batches.")]
+    left: Annotated[Usd, Meta(description="limit - charged - reserved, at least 0.")]
+    window_start: Annotated[
+        int | None, Meta(description="Unix seconds (UTC); null for a total cap.")
+    ]
+    resets_at: Annotated[int | None, Meta(description="Unix seconds (UTC); null for a total cap.")]
+    updated_at: int
+
+
 class Organization(msgspec.Struct):
     id: str
     object: Literal["organization"]
     name: str
     created_at: int
     credit: Credit
+    spend_caps: list[SpendCap]
 
 
 class LedgerEntry(msgspec.Struct):

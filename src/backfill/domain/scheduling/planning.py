@@ -12,9 +12,11 @@ import bisect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backfill.domain.engine_health import EngineReport, replicas_up, start_delays
+from backfill.domain.scheduling.waits import lane_waits
+from backfill.domain.waiting import LaneWait
 
 # A lane that is not urgent is served "by" this deadline: later than any real one, so one
 # ordering key (urgent_by, then virtual time) puts urgent lanes first, earliest deadline first.
@@ -46,6 +48,17 @@ class LaneLoad:
     urgent_by: int
     share: float
     vtime: float = 0.0
+    weight: int = 1
+    """Its org's weight."""
+    gated: bool = False
+    """It has ready chunks that the credit gate holds back (GPU time, no credit)."""
+    balance: int = 0
+    """Its org's balance (picodollars)."""
+    gpu_count: int = 0
+    gpu_price: int = 0
+    """A private deployment's GPUs and price per GPU-second (microdollars); 0 otherwise."""
+    wait: LaneWait | None = None
+    """Why its batches wait, as the last plan stored it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,9 @@ class PlanInputs:
     running: Sequence[RunningBatch]
     engines: Sequence[EngineReport] = ()
     """The workers' stored engine reports: how many replicas of each model are up."""
+    leased: frozenset[str] = frozenset()
+    """Running batches with lines leased now (claimed or running), of the models that more
+    than one org has running batches for (others cannot wait on fair share)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +120,8 @@ class LanePlan:
     urgent_by: int
     forgiven: float = 0.0
     """Virtual time taken off the lane: what it ran ahead while urgent."""
+    wait: LaneWait | None = None
+    """Why the lane's batches wait now (stored with the rest of the lane's plan)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +129,8 @@ class Plan:
     rates: list[ModelRate]
     """Only models whose rate or measurement window changed."""
     lanes: list[LanePlan]
-    """Only lanes whose share or urgency changed (with every lane of the model, their marks),
-    or whose mark moved while their model is idle."""
+    """Only lanes whose share, urgency or wait changed (with every lane of the model, their
+    marks), or whose mark moved while their model is idle."""
     estimates: dict[str, int | None]
     """Only batches whose estimate changed (None: unknown)."""
 
@@ -284,8 +302,28 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
             new = math.ceil(finishes[batch.id]) if batch.id in finishes else None
             if estimate_changed(batch.estimate, new, now):
                 estimates[batch.id] = new
-        lane_plans += _lane_plans(lanes, grown, busy, urgent)
+        waits = lane_waits(lanes, running, inputs.leased, {model: rate.rps}, now)
+        lane_plans += _with_waits(_lane_plans(lanes, grown, busy, urgent), lanes, waits)
     return Plan(rates, lane_plans, estimates)
+
+
+def _with_waits(
+    plans: list[LanePlan], lanes: Sequence[LaneLoad], waits: dict[tuple[str, str], LaneWait | None]
+) -> list[LanePlan]:
+    """``plans`` with each lane's wait, and a plan that changes nothing else for each lane
+    whose wait alone changed (its mark, share and urgency as read)."""
+    planned = {plan.org_id for plan in plans}
+    out = [replace(plan, wait=waits.get((plan.model, plan.org_id))) for plan in plans]
+    for lane in lanes:
+        wait = waits.get((lane.model, lane.org_id))
+        moved = not (wait.same(lane.wait) if wait is not None else lane.wait is None)
+        if lane.org_id not in planned and moved:
+            out.append(
+                LanePlan(
+                    lane.model, lane.org_id, lane.served_mark, lane.share, lane.urgent_by, wait=wait
+                )
+            )
+    return out
 
 
 def _lane_plans(

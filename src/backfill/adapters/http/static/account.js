@@ -1,4 +1,4 @@
-// The org's credit and its ledger: credits added and what each batch was charged.
+// The org's credit, its spend caps and its ledger: credits added and what each batch was charged.
 // @ts-check
 
 /**
@@ -7,6 +7,14 @@
  *   reserved?: import("./api.js").Amount | null, note?: string | null,
  *   batch_id?: string, batch_status?: string | null, model?: string | null,
  * }} LedgerEntry
+ */
+
+/**
+ * @typedef {{
+ *   scope: "org" | "key", key_id: string | null, period: string, limit: string,
+ *   charged: string, reserved: string, left: string,
+ *   window_start: number | null, resets_at: number | null,
+ * }} SpendCap
  */
 
 import { ApiError, getJson, query } from "./api.js";
@@ -35,6 +43,39 @@ function entryRow(entry) {
     h("td", { "data-label": "Entry" }, what),
     h("td", { "data-label": "Amount", class: "num" }, usd(entry.amount.usd)),
     h("td", { "data-label": "Reserved", class: "num" }, entry.reserved && entry.reserved.value !== "0" ? usd(entry.reserved.usd) : "—"),
+  );
+}
+
+const PERIOD = { day: "Day (UTC)", week: "Week (UTC, from Monday)", month: "Month (UTC)", total: "In all" };
+
+/** @param {SpendCap} cap */
+function capRow(cap) {
+  const period = /** @type {Record<string, string>} */ (PERIOD)[cap.period] || cap.period;
+  return h(
+    "tr",
+    { "data-cap": `${cap.key_id || "org"}:${cap.period}` },
+    h("td", { "data-label": "Cap of" }, cap.scope === "org" ? "The organization" : h("code", {}, cap.key_id)),
+    h("td", { "data-label": "Period" }, period),
+    h("td", { "data-label": "Cap", class: "num" }, usd(cap.limit)),
+    h("td", { "data-label": "Charged", class: "num" }, usd(cap.charged)),
+    h("td", { "data-label": "Reserved", class: "num" }, usd(cap.reserved)),
+    h("td", { "data-label": "Left", class: "num", "data-cap-left": "" }, usd(cap.left)),
+    h("td", { "data-label": "Resets" }, cap.resets_at === null ? "never" : time(cap.resets_at)),
+  );
+}
+
+/** @param {SpendCap[]} caps */
+function capsSection(caps) {
+  if (!caps.length) return h("p", { class: "muted", id: "spend-caps" }, "No spend caps: batches are limited by the credit available only.");
+  return h(
+    "div",
+    { class: "table-wrap", id: "spend-caps" },
+    h(
+      "table",
+      { class: "responsive caps" },
+      h("thead", {}, h("tr", {}, ["Cap of", "Period", "Cap", "Charged", "Reserved", "Left", "Resets"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, caps.map(capRow)),
+    ),
   );
 }
 
@@ -98,6 +139,13 @@ export function accountView(root, _context, params) {
             ["Charges, all time", c.charges, "charges"],
           ].map(([label, value, name]) => h("div", { class: "tile" }, h("dt", {}, label), h("dd", { "data-credit": name }, usd(value)))),
         ),
+        h("h2", {}, "Spend caps"),
+        h(
+          "p",
+          { class: "muted" },
+          "The most this organization, or one of its keys, may spend in each window. A batch counts in the window it was created in: what it was charged, and what it still holds reserved while it runs. A batch that would go past a cap is refused (402 spend_cap_reached).",
+        ),
+        capsSection(org.spend_caps || []),
       );
       /** @type {import("./api.js").Page<LedgerEntry>} */
       const page = await getJson(`/v1/organization/ledger${query({ limit: PAGE, after })}`);

@@ -8,7 +8,7 @@
  * @typedef {{ message?: string, code?: string | null, param?: string | null, line?: number | null }} ErrorBody
  * @typedef {{ value: string, usd: string }} Amount
  * @typedef {{ total: number, completed: number, failed: number }} RequestCounts
- * @typedef {{ code?: string, message?: string, since?: number | null }} WaitingOn
+ * @typedef {{ code?: string, message?: string, since?: number | null, resumes_at?: number | null }} WaitingOn
  * @typedef {{ input: string, cached_input: string, output: string, unit: string }} Pricing
  * @typedef {{ input_tokens?: number, output_tokens?: number, input_tokens_details?: { cached_tokens?: number } }} Usage
  * @typedef {{

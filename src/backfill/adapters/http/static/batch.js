@@ -65,6 +65,23 @@ function dl(pairs) {
   );
 }
 
+/**
+ * Why the batch does not move (docs/api.md, "Why a batch waits"): the server's message, since
+ * when, and when it is expected to move again where the server says.
+ * @param {Batch["waiting_on"]} w
+ */
+function waitingNote(w) {
+  if (!w || typeof w !== "object") return null;
+  return h(
+    "p",
+    { class: "warning", id: "batch-waiting", "data-code": w.code || "" },
+    h("strong", {}, "Waiting: "),
+    h("span", { class: "message" }, w.message || w.code || "waiting"),
+    w.since ? [" (since ", h("span", { "data-field": "since" }, time(w.since)), ")"] : null,
+    w.resumes_at ? [" Expected to move again about ", h("span", { "data-field": "resumes_at" }, time(w.resumes_at)), "."] : null,
+  );
+}
+
 /** @param {Batch} batch */
 function timeline(batch) {
   const events = TIMELINE.filter(([field]) => batch[field]).map(
@@ -393,13 +410,7 @@ export function batchView(root, context, batchId) {
     batch = fresh;
     addSample(batchId, samples, batch);
     replace(status, statusBadge(batch.status));
-    const w = batch.waiting_on;
-    replace(
-      waiting,
-      w && typeof w === "object"
-        ? h("p", { class: "warning" }, h("strong", {}, "Waiting: "), w.message || w.code, w.since ? [" (since ", time(w.since), ")"] : null)
-        : null,
-    );
+    replace(waiting, waitingNote(batch.waiting_on));
     if (!actions.contains(document.activeElement)) renderActions(batch);
     else {
       // Keep the focused button in place; only its state changes.

@@ -77,7 +77,7 @@ export function progressCell(batch) {
 function waitingNote(batch) {
   const waiting = batch.waiting_on;
   if (!waiting || typeof waiting !== "object") return null;
-  return h("small", { class: "warning" }, waiting.message || waiting.code || "waiting");
+  return h("small", { class: "warning", "data-waiting": waiting.code || "" }, waiting.message || waiting.code || "waiting");
 }
 
 /**
