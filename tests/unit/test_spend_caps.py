@@ -183,10 +183,24 @@ def test_gpu_time_batches_start_only_while_a_window_has_room() -> None:
 
 def test_a_zero_cap_refuses_everything_that_costs_anything() -> None:
     check_caps([use(Period.DAY, 0)], 0, False, NOW)
-    with pytest.raises(SpendCapReached):
-        check_caps([use(Period.DAY, 0)], 1, False, NOW)
+    error = refused([use(Period.DAY, 0)], 1)
+    assert "A cap of 0 USD stops all new batches; an administrator can raise it." in error.message
+    assert "split the file" not in error.message
     with pytest.raises(SpendCapReached):
         check_caps([use(Period.DAY, 0)], 0, True, NOW)
+
+
+def test_a_batch_that_costs_nothing_fits_a_window_gpu_time_took_past_its_cap() -> None:
+    check_caps([use(Period.DAY, 10, 12)], 0, False, NOW)
+
+
+def test_a_cap_the_batch_alone_is_over_is_reported_before_one_that_resets_later() -> None:
+    # Over the day's 10 USD on its own, and over the month's room: waiting for the month's
+    # reset would not help, so the day's cap is the one named, with no time to retry.
+    error = refused([use(Period.DAY, 10), use(Period.MONTH, 100, 95)], 12)
+    assert "daily spend cap of 10 USD" in error.message
+    assert "The batch alone is over the cap" in error.message
+    assert error.retry_after_s is None
 
 
 # ---- input ---------------------------------------------------------------------------------

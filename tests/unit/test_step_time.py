@@ -16,7 +16,7 @@ from backfill.domain.scheduling.concurrency import (
     SharedTargets,
     Signal,
 )
-from backfill.domain.scheduling.step_time import StepTimeModel
+from backfill.domain.scheduling.step_time import StepCurve, StepTimeModel
 
 # vLLM's CPU build with SmolLM2-135M: 15 ms alone, 37 ms with 16 sequences.
 BASE, PER_SEQ = 0.015, 0.022 / 16
@@ -239,3 +239,23 @@ def test_an_engine_that_changed_is_followed() -> None:
     curve = model.curve
     assert curve is not None
     assert curve.step_s(2) == pytest.approx(0.024, rel=0.02)
+
+
+def test_a_tiny_bend_reaches_the_budget_where_the_line_does() -> None:
+    line = StepCurve(0.027, 0.0015)
+    for bend in (1e-19, 1e-21, 1e-30):
+        bent = StepCurve(0.027, 0.0015, bend)
+        assert bent.reaches(1.5 * bent.step_s(1)) == pytest.approx(
+            line.reaches(1.5 * line.step_s(1)), rel=1e-6
+        )
+
+
+def test_a_bend_that_dips_to_nothing_is_read_as_the_line() -> None:
+    model = StepTimeModel()
+    for _ in range(50):
+        for n, step in ((10, 0.030), (20, 0.030), (30, 0.500)):
+            model.observe(n, step, tokens=16)
+    curve = model.curve
+    assert curve is not None
+    assert curve.per_seq2_s == 0
+    assert curve.base_s > 0

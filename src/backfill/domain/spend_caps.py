@@ -155,6 +155,8 @@ def exceeded(use: CapUse, reserve: int, open_ended: bool) -> bool:
     the window has nothing left."""
     if open_ended:
         return use.used >= use.cap.limit
+    if reserve == 0:
+        return False  # a batch that costs nothing fits even a window already over its cap
     return use.used + reserve > use.cap.limit
 
 
@@ -164,11 +166,12 @@ def check_caps(uses: Sequence[CapUse], reserve: int, open_ended: bool, now: floa
     over = [use for use in uses if exceeded(use, reserve, open_ended)]
     if not over:
         return
-    # The cap that resets last decides when retrying can help; an all-time cap never resets.
+    # The cap that resets last decides when retrying can help; an all-time cap never resets,
+    # and a cap the batch alone is over never helps either, whenever it resets.
     binding = max(
         over,
         key=lambda u: (
-            u.window.resets_at is None,
+            u.window.resets_at is None or (not open_ended and reserve > u.cap.limit),
             u.window.resets_at or 0,
             u.cap.scope == CapScope.ORG,
         ),
@@ -195,7 +198,9 @@ def refusal(use: CapUse, reserve: int, open_ended: bool, now: float) -> SpendCap
         )
     wait: int | None = None
     room = " Room also comes back when a batch of the window ends for less than it reserved."
-    if reserve > cap.limit:
+    if cap.limit == 0:
+        after, room = " A cap of 0 USD stops all new batches; an administrator can raise it.", ""
+    elif reserve > cap.limit:
         after, room = " The batch alone is over the cap: split the file or lower max_tokens.", ""
     elif resets_at is None:
         after = " An all-time cap does not reset; an administrator can raise it."

@@ -62,7 +62,10 @@ class StepCurve:
         """The running count at which a step takes ``step_s``; None if it never does."""
         a, b, c = self.base_s - step_s, self.per_seq_s, self.per_seq2_s
         if c > 0:
-            return (-b + math.sqrt(max(0.0, b * b - 4 * c * a))) / (2 * c)
+            root = math.sqrt(max(0.0, b * b - 4 * c * a))
+            # The larger root, in the form that does not cancel: with b > 0 and a tiny bend,
+            # (-b + root) / 2c would be the difference of two near-equal numbers.
+            return -2 * a / (b + root) if b > 0 else (-b + root) / (2 * c)
         if b > 0:
             return -a / b
         return None
@@ -105,14 +108,16 @@ class StepTimeModel:
         per_seq2 = 0.0
         if bend_var >= MIN_BEND_SPREAD * MIN_BEND_SPREAD:
             per_seq2 = max(0.0, (cov_x2_y - cov_x_x2 * cov_xy / var_x) / bend_var)
-        slope = (cov_xy - per_seq2 * cov_x_x2) / var_x
-        if per_seq2 == 0.0:
-            # Sequences never make steps shorter: a negative slope is noise, read as flat.
-            slope = max(0.0, slope)
-        base = y - slope * x - per_seq2 * x2
-        if per_seq2 == 0.0:
-            base = max(1e-6, base)
-        return StepCurve(base, slope, per_seq2)
+        if per_seq2 > 0:
+            slope = (cov_xy - per_seq2 * cov_x_x2) / var_x
+            bent = StepCurve(y - slope * x - per_seq2 * x2, slope, per_seq2)
+            # A bend so sharp that the curve dips to nothing at its lowest (``step_s(0)``,
+            # flattened there) is no step an engine takes: the line says more.
+            if bent.step_s(0) > 1e-6:
+                return bent
+        # Sequences never make steps shorter: a negative slope is noise, read as flat.
+        slope = max(0.0, cov_xy / var_x)
+        return StepCurve(max(1e-6, y - slope * x), slope)
 
     def room(self, people: float, budget: float) -> float | None:
         """How many batch sequences may run beside ``people`` running sequences so that a

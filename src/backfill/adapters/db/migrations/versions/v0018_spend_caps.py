@@ -62,9 +62,11 @@ def upgrade() -> None:
     op.execute(
         "INSERT INTO spend (id, org_id, api_key_id, created_at, amount, settled)"
         f" SELECT batch_id, MIN(org_id), NULL, {seconds.format('MIN(created_at)')},"
-        " SUM(amount), 1 = 1 FROM receipts"
+        " SUM(amount), 1 = 1 FROM receipts r"
         " WHERE kind = 'tokens' AND batch_id IS NOT NULL"
-        " AND batch_id NOT IN (SELECT id FROM batches) GROUP BY batch_id"
+        # NOT EXISTS, not NOT IN: an anti-join, where NOT IN over many batches is a subplan
+        # per receipt on PostgreSQL.
+        " AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = r.batch_id) GROUP BY batch_id"
     )
 
 
