@@ -128,9 +128,7 @@ def cap_list(
     """Show the org's caps and its keys', with what each current window was charged, still
     holds reserved, and has left."""
 
-    _, uses = read_admin(
-        admin_settings(config, data), lambda b: b.services.spend_caps.org_caps(org)
-    )
+    uses = read_admin(admin_settings(config, data), lambda b: b.services.spend_caps.org_caps(org))
     if json_:
         from backfill.adapters.http.presenters import list_object, spend_cap_object
 

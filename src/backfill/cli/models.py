@@ -18,7 +18,6 @@ from backfill.settings import (
     ModelSettings,
     PricingSettings,
     catalog_model_from,
-    changed_model,
 )
 
 if TYPE_CHECKING:
@@ -128,9 +127,7 @@ def model_aliases(
     {"aliases": [...]})."""
 
     async def action(b: Backfill) -> str:
-        current = await b.services.catalog.catalog_model(model_id)
-        changed = changed_model(current, {"aliases": aliases or []})
-        return model_line(await b.services.catalog.put(changed))
+        return model_line(await b.services.catalog.change(model_id, {"aliases": aliases or []}))
 
     run_admin(admin_settings(config, data), action, audited=("model.update", model_id))
 

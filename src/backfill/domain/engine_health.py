@@ -75,10 +75,6 @@ class HoldTracker:
         self._limited: EngineHold | None = None
         self._people_since: float | None = None
 
-    @property
-    def limited(self) -> bool:
-        return self._limited is not None
-
     def overloaded(self, status: int, now: float, retry_at: float) -> bool:
         """A request was answered ``status`` and is retried at ``retry_at``; True when that
         began a rate limit (the first since a success)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -93,26 +93,13 @@ class LaneWait:
 
     def same(self, other: LaneWait | None) -> bool:
         """Whether ``other`` says the same, ``since`` aside."""
-        return other is not None and _facts(self) == _facts(other)
+        return other is not None and replace(other, since=self.since) == self
 
     def holds(self, served: int) -> bool:
         """Whether the wait still holds now that the lane's count of lines ever claimed is
         ``served``: once a claim took one of its lines its batches move, even before the
         planner's next pass clears it."""
         return served <= self.served
-
-
-def _facts(wait: LaneWait) -> tuple[object, ...]:
-    return (
-        wait.code,
-        wait.others,
-        wait.weight,
-        wait.total_weight,
-        wait.balance,
-        wait.lines,
-        wait.needed,
-        wait.served,
-    )
 
 
 # Only these statuses wait for an engine: a cancelling batch ends without one, a finalizing

@@ -167,7 +167,7 @@ class EngineSlot:
         """One of Backfill's requests got its answer in ``latency_s`` (the latency signal)."""
         now = self._clock.monotonic()
         self._health.answered(now)
-        if self._holds.limited and self._holds.succeeded():
+        if self._holds.succeeded():
             self._changed()
         if self.governor.on_latency(latency_s, output_tokens, now):
             self._retune()

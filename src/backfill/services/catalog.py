@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from backfill.domain.catalog import MAX_ALIASES, CatalogModel
 from backfill.domain.endpoints import ENDPOINTS, MODALITIES
@@ -11,6 +12,7 @@ from backfill.domain.money import MAX_GPU_SECOND_PRICE, MAX_GPUS, MAX_TOKEN_PRIC
 from backfill.errors import Conflict, InvalidInput, NotFound
 from backfill.ports import CatalogStore, Clock
 from backfill.services.tenants import printable
+from backfill.settings import changed_model
 
 MAX_MODEL_ID_CHARS = 256
 MAX_THROUGHPUT = 10**9
@@ -104,18 +106,25 @@ class CatalogService:
 
     async def find(self, name: str, org_id: str | None = None) -> CatalogModel | None:
         """The entry whose id is ``name`` (aliases are not ids: ``resolve`` reads them)."""
-        for model in await self._store.list_models():
-            if model.id == name:
-                return model if org_id is None or model.visible_to(org_id) else None
-        return None
+        return await self._first(lambda model: model.id == name, org_id)
 
     async def resolve(self, name: str, org_id: str | None = None) -> CatalogModel | None:
         """The entry ``name`` means, by its id or one of its aliases (exact, case-sensitive),
         as ``org_id`` sees it."""
+        return await self._first(lambda model: name in model.names, org_id)
+
+    async def _first(
+        self, match: Callable[[CatalogModel], bool], org_id: str | None
+    ) -> CatalogModel | None:
         for model in await self._store.list_models():
-            if name in model.names:
+            if match(model):
                 return model if org_id is None or model.visible_to(org_id) else None
         return None
+
+    async def change(self, model_id: str, changes: Mapping[str, Any]) -> CatalogModel:
+        """Change some fields of the public catalog model ``model_id`` (as the settings name
+        them), keeping the others; the entry as stored after."""
+        return await self.put(changed_model(await self.catalog_model(model_id), changes))
 
     async def catalog_model(self, model_id: str) -> CatalogModel:
         """The public catalog model ``model_id`` (by its id), to change; NotFound otherwise."""

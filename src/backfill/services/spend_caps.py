@@ -4,7 +4,7 @@ with what their current windows hold. Admission enforces them (domain/spend_caps
 from __future__ import annotations
 
 from backfill.domain import ids
-from backfill.domain.records import ApiKey, Org
+from backfill.domain.records import ApiKey
 from backfill.domain.spend_caps import (
     CapScope,
     CapUse,
@@ -51,10 +51,10 @@ class SpendCapService:
         if not await self._store.delete_spend_cap(key.id, when):
             raise NotFound(f"API key {key_id!r} has no {when.value} spend cap.", param="period")
 
-    async def org_caps(self, org_name: str) -> tuple[Org, list[CapUse]]:
-        """The org and its caps, its own and its keys', with what their windows hold."""
+    async def org_caps(self, org_name: str) -> list[CapUse]:
+        """Org ``org_name``'s caps, its own and its keys', with what their windows hold."""
         org = await find_org(self._tenants, org_name)
-        return org, await self.uses(org.id)
+        return await self.uses(org.id)
 
     async def uses(self, org_id: str) -> list[CapUse]:
         """The caps of org ``org_id`` and of its keys, with what their windows hold now."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, update
@@ -116,33 +117,40 @@ def wait_from_row(code: str | None, since: int | None, detail: Any) -> LaneWait 
     """A lane's stored wait (its ``waiting_*`` columns); None when it has none."""
     if code is None:
         return None
-    facts = detail or {}
-    return LaneWait(
-        WaitCode(code),
-        int(since or 0),
-        others=int(facts.get("others", 0)),
-        weight=int(facts.get("weight", 0)),
-        total_weight=int(facts.get("total_weight", 0)),
-        balance=int(facts.get("balance", 0)),
-        lines=int(facts.get("lines", 0)),
-        needed=None if facts.get("needed") is None else int(facts["needed"]),
-        served=int(facts.get("served", 0)),
-    )
+    # The facts are the dataclass's own fields: a key an older row lacks takes its default.
+    return LaneWait(WaitCode(code), int(since or 0), **(detail or {}))
+
+
+# A wait's own columns; the rest of its fields go in ``waiting_detail``.
+_KEYS = frozenset({"code", "since"})
 
 
 def _wait_values(wait: LaneWait | None) -> dict[str, Any]:
     if wait is None:
         return {"l_wait": None, "l_wait_since": None, "l_wait_detail": None}
-    detail = {
-        "others": wait.others,
-        "weight": wait.weight,
-        "total_weight": wait.total_weight,
-        "balance": wait.balance,
-        "lines": wait.lines,
-        "needed": wait.needed,
-        "served": wait.served,
-    }
+    detail = {f.name: getattr(wait, f.name) for f in fields(wait) if f.name not in _KEYS}
     return {"l_wait": wait.code.value, "l_wait_since": wait.since, "l_wait_detail": detail}
+
+
+def _lane_load(row: Any) -> LaneLoad:
+    claimable = has_claimable_work(int(row.ready), bool(row.metered), int(row.balance))
+    return LaneLoad(
+        model=row.model,
+        org_id=row.org_id,
+        served=int(row.served),
+        served_mark=int(row.served_mark),
+        ready=claimable,
+        urgent_by=int(row.urgent_by),
+        share=float(row.share),
+        vtime=float(row.vtime),
+        weight=int(row.weight),
+        # Lines ready that no claim may take: the credit gate holds them.
+        gated=int(row.ready) > 0 and not claimable,
+        balance=int(row.balance),
+        gpu_count=int(row.gpu_count or 0),
+        gpu_price=int(row.microusd_per_gpu_second or 0),
+        wait=wait_from_row(row.waiting_code, row.waiting_since, row.waiting_detail),
+    )
 
 
 class PlanningQueries(SqlBase):
@@ -152,26 +160,7 @@ class PlanningQueries(SqlBase):
             "reading the planner's inputs", _inputs
         )
         return PlanInputs(
-            lanes=[
-                LaneLoad(
-                    model=row.model,
-                    org_id=row.org_id,
-                    served=int(row.served),
-                    served_mark=int(row.served_mark),
-                    ready=has_claimable_work(int(row.ready), bool(row.metered), int(row.balance)),
-                    urgent_by=int(row.urgent_by),
-                    share=float(row.share),
-                    vtime=float(row.vtime),
-                    weight=int(row.weight),
-                    gated=int(row.ready) > 0
-                    and not has_claimable_work(int(row.ready), bool(row.metered), int(row.balance)),
-                    balance=int(row.balance),
-                    gpu_count=int(row.gpu_count or 0),
-                    gpu_price=int(row.microusd_per_gpu_second or 0),
-                    wait=wait_from_row(row.waiting_code, row.waiting_since, row.waiting_detail),
-                )
-                for row in lanes
-            ],
+            lanes=[_lane_load(row) for row in lanes],
             rates=[
                 ModelRate(
                     row.model,

@@ -60,9 +60,14 @@ async def caps_in_force(
     """The caps of the org and of the key ``key_id`` with what their windows hold (none read
     when there is no cap, the common case: one lookup on the caps' primary key)."""
     owners = [org_id] if key_id is None else [org_id, key_id]
-    rows = await conn.execute(select(_c).where(_c.c.scope_id.in_(owners), _c.c.org_id == org_id))
+    return tuple(await _uses(conn, [_c.c.scope_id.in_(owners), _c.c.org_id == org_id], now))
+
+
+async def _uses(conn: AsyncConnection, where: list[Any], now: float) -> list[CapUse]:
+    """The caps ``where`` selects, in ``_order``, each with what its window holds."""
+    rows = await conn.execute(select(_c).where(*where))
     caps = sorted((cap_of(row) for row in rows), key=_order)
-    return tuple([await use_of(conn, cap, now) for cap in caps])
+    return [await use_of(conn, cap, now) for cap in caps]
 
 
 async def open_spend(
@@ -139,6 +144,4 @@ class SpendCapQueries(SqlBase):
     async def spend_cap_uses(self, org_id: str, now: float) -> list[CapUse]:
         """The org's caps, its own and its keys', each with what its window holds now."""
         async with self.engine.connect() as conn:
-            rows = await conn.execute(select(_c).where(_c.c.org_id == org_id))
-            caps = sorted((cap_of(row) for row in rows), key=_order)
-            return [await use_of(conn, cap, now) for cap in caps]
+            return await _uses(conn, [_c.c.org_id == org_id], now)

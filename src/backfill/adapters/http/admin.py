@@ -30,7 +30,6 @@ from backfill.settings import (
     DeploymentSettings,
     ModelSettings,
     catalog_model_from,
-    changed_model,
     default_endpoints,
     default_modalities,
 )
@@ -213,9 +212,8 @@ async def put_model(model_id: str, body: ModelIn, _: Admin, svc: Svc) -> Respons
 async def patch_model(model_id: str, body: ModelPatch, _: Admin, svc: Svc) -> Response:
     """Change some fields of a catalog model (``aliases`` replaces its aliases), keeping the
     others; a PUT replaces the whole entry."""
-    current = await svc.catalog.catalog_model(model_id)
-    changed = changed_model(current, body.model_dump(exclude_unset=True))
-    return json_response(model_object(await svc.catalog.put(changed)))
+    changes = body.model_dump(exclude_unset=True)
+    return json_response(model_object(await svc.catalog.change(model_id, changes)))
 
 
 @router.put(

@@ -42,7 +42,7 @@ def removed(scope: CapScope, org: str | None, key_id: str | None, period: str) -
 
 @router.get("/orgs/{name}/spend_caps")
 async def list_caps(name: str, _: Admin, svc: Svc) -> Response:
-    uses = (await svc.spend_caps.org_caps(name))[1]
+    uses = await svc.spend_caps.org_caps(name)
     return json_response(list_object([spend_cap_object(u) for u in uses], False))
 
 
