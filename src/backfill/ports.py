@@ -47,7 +47,7 @@ from backfill.domain.scheduling.concurrency import Pressure
 from backfill.domain.scheduling.demand import DemandInputs
 from backfill.domain.scheduling.planning import Plan, PlanInputs
 from backfill.domain.spend_caps import CapUse, Period, SpendCap
-from backfill.domain.waiting import LaneWait
+from backfill.domain.waiting import AheadInLane, LaneWait
 
 
 class Clock(Protocol):
@@ -421,6 +421,10 @@ class BatchStore(Protocol):
 
     async def batch_by_idempotency_key(self, org_id: str, key: str) -> BatchRecord | None: ...
 
+    async def max_priority(self, org_id: str) -> int:
+        """The highest priority org ``org_id``'s batches may be given."""
+        ...
+
     async def list_batches(
         self, org_id: str, after: str | None, limit: int
     ) -> Page[BatchRecord]: ...
@@ -787,6 +791,30 @@ class SpendCapStore(Protocol):
         ...
 
 
+class BatchControlStore(Protocol):
+    """A batch's priority, pause and resume, its org's priority cap, and which batches go
+    before others of their org (adapters/db/batch_controls.py)."""
+
+    async def max_priority(self, org_id: str) -> int: ...
+
+    async def batches_ahead(self, batch_ids: Sequence[str]) -> dict[str, AheadInLane]:
+        """Of these running batches, those with no line running whose org has batches of the
+        same model that go first (higher priority, or rescued), with what goes first."""
+        ...
+
+    async def set_max_priority(self, org_id: str, cap: int) -> bool:
+        """False when there is no such org."""
+        ...
+
+    async def set_priority(self, batch_id: str, priority: int) -> BatchRecord | None:
+        """The batch as stored after; None when it can no longer claim lines."""
+        ...
+
+    async def pause(self, batch_id: str, now: int) -> BatchRecord | None: ...
+
+    async def resume(self, batch_id: str) -> BatchRecord | None: ...
+
+
 class Store(
     TenantStore,
     FileStore,
@@ -803,6 +831,7 @@ class Store(
     EngineConfigStore,
     AuditStore,
     SpendCapStore,
+    BatchControlStore,
     Protocol,
 ):
     """Every role at once: what the composition root builds and hands out by role."""

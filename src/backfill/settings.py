@@ -218,6 +218,11 @@ class EngineSettings(BaseModel):
     # request. Its start time is learnt and counted by deadlines.
     on_demand: bool = False
     idle_stop_s: float = Field(default=600.0, gt=0)
+    # How the engine takes a chat line's JSON Schema: as the line sent it (OpenAI's
+    # ``json_schema``: vLLM, SGLang, llama.cpp's llama-server) or rewritten as
+    # ``{"type": "json_object", "schema": …}`` (llama-cpp-python's server, which refuses
+    # ``json_schema``).
+    json_schema_format: Literal["json_schema", "json_object"] = "json_schema"
 
     @model_validator(mode="after")
     def _on_demand(self) -> EngineSettings:
@@ -363,6 +368,9 @@ class LimitsSettings(BaseModel):
     max_media_part_bytes: int = Field(10 * 1024 * 1024, ge=1)
     max_media_bytes_per_line: int = Field(16 * 1024 * 1024, ge=1)
     max_media_parts_per_line: int = Field(32, ge=1)
+    # A line's ``stream: true``: refused (400 streaming_unsupported), or accepted with no
+    # effect, as some hosted batch services do (the result is the whole answer either way).
+    ignore_stream: bool = False
     max_unfinished_batches: int = 4
     max_retained_input_bytes: int = 1024**3
     min_completion_window_s: int = 24 * 3600

@@ -184,6 +184,38 @@ def test_cancel_asks_first_then_cancels(page: Page, site: Site) -> None:
     expect(page.locator("[data-code=batch_cancelled]")).to_be_visible()
 
 
+def test_a_running_batch_is_paused_resumed_and_given_a_priority(page: Page, site: Site) -> None:
+    with site.api() as client:
+        batch_id = submit(client, [chat_line(f"p{i}", f"{SLOW} {i}") for i in range(20)])
+    signed_in(page, site)
+    page.goto(f"{site.url}#/batch/{batch_id}")
+    expect(page.locator("#pause")).to_be_enabled(timeout=15_000)
+    page.click("#pause")
+    # The page shows why it waits, and offers to resume.
+    expect(page.locator("#resume")).to_be_visible()
+    expect(page.get_by_text("Paused since")).to_be_visible()
+    expect(page.locator("body")).to_contain_text("was paused at")
+    with site.api() as client:
+        assert client.get(f"/v1/batches/{batch_id}").json()["waiting_on"]["code"] == "paused"
+
+    page.fill("#priority-input", "7")
+    page.click("#set-priority")
+    with site.api() as client:
+        got = client.get(f"/v1/batches/{batch_id}").json()
+    expect(page.locator("#priority-input")).to_have_value("7")
+    assert got["priority"] == 7
+    # Above the org's cap: the server's refusal is shown as it says it.
+    page.fill("#priority-input", "99")
+    page.click("#set-priority")
+    expect(page.locator("body")).to_contain_text("at most 10")
+
+    page.click("#resume")
+    expect(page.locator("#pause")).to_be_visible()
+    expect(page.locator("#batch-status")).to_have_text("completed", timeout=60_000)
+    expect(page.locator("#pause")).to_be_disabled()
+    expect(page.locator("#set-priority")).to_be_disabled()
+
+
 def test_a_read_only_key_sees_batches_but_cannot_change_them(page: Page, site: Site) -> None:
     with site.api() as client:
         running = submit(client, [chat_line(f"r{i}", f"{SLOW} {i}") for i in range(20)])

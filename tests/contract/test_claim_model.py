@@ -1,7 +1,8 @@
 """The database's claim against its reference model (domain/scheduling/claim_model.py), on
-SQLite and PostgreSQL: generated orgs, weights, credit, lanes, chunks, deadlines, urgency and
-backoffs go into the real store; each claim the store makes must take the chunks and lines the
-model takes from the same state, and leave every lane at the virtual time the model says; each
+SQLite and PostgreSQL: generated orgs, weights, credit, lanes, chunks, deadlines, urgency,
+priorities, pauses and backoffs go into the real store; each claim the store makes must take
+the chunks and lines the model takes from the same state, and leave every lane at the virtual
+time the model says, and every lane counts exactly its running batches' ready chunks; each
 batch that starts must level its lane as the model says."""
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _EXPIRES = [_DEADLINE, _DEADLINE + 100, _DEADLINE + 100, _DEADLINE + 200]
 _URGENT_BY = [NOT_URGENT, NOT_URGENT, _DEADLINE + 150, _DEADLINE + 250]
 _VTIMES = [0.0, 0.5, 1.0, 2.0, 3.25, 40.0]
 _NOT_BEFORE = [None, NOW - 1, NOW, NOW + 5]
+_PRIORITIES = [0, 0, 0, 5, -3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,7 @@ class BatchSpec:
     lines: int
     expires: int
     gpu_time: bool
+    priority: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,12 @@ class Scenario:
     pokes: list[tuple[int, float, int]]
     claims: list[tuple[int, int]]
     releases: list[tuple[int, float | None]]
+    pauses: list[int] = dataclasses.field(default_factory=list)
+    """Batches paused after the first claims (some validating still)."""
+    resumes: list[int] = dataclasses.field(default_factory=list)
+    """Batches resumed before the second claims."""
+    reprioritised: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    """(batch, priority) changed before the second claims."""
 
 
 @st.composite
@@ -75,6 +84,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         lines=st.integers(1, 20),
         expires=st.sampled_from(_EXPIRES),
         gpu_time=st.booleans(),
+        priority=st.sampled_from(_PRIORITIES),
     )
     # Every org has a batch; some have more.
     first = [dataclasses.replace(draw(batch), org=org) for org in range(orgs)]
@@ -103,6 +113,14 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         ),
         releases=draw(
             st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(_NOT_BEFORE)), max_size=4)
+        ),
+        pauses=draw(st.lists(st.integers(0, len(batches) - 1), max_size=3)),
+        resumes=draw(st.lists(st.integers(0, len(batches) - 1), max_size=2)),
+        reprioritised=draw(
+            st.lists(
+                st.tuples(st.integers(0, len(batches) - 1), st.sampled_from(_PRIORITIES)),
+                max_size=2,
+            )
         ),
     )
 
@@ -151,6 +169,7 @@ class Harness:
             expires_at=spec.expires,
             total=spec.lines,
             billing=Billing.GPU_TIME if spec.gpu_time else Billing.CATALOG,
+            priority=spec.priority,
         )
         await self.store.create_batch(batch, ADMIT_ALL)
         lines = [LineRef(i, i * 100, 100, f"req-{i}") for i in range(spec.lines)]
@@ -206,6 +225,25 @@ class Harness:
             assert vtimes == model.vtimes
             self.leased += [(c.batch.id, i.idx) for c in got for i in c.items]
 
+    async def controls(self) -> None:
+        """Some batches paused, some resumed, some given another priority (the store's
+        controls; a batch that cannot be controlled any more is left as it is)."""
+        for k in self.scenario.pauses:
+            await self.store.pause(self.batch_ids[k], _DEADLINE)
+        await self.check_ready()
+        for k, priority in self.scenario.reprioritised:
+            await self.store.set_priority(self.batch_ids[k], priority)
+        for k in self.scenario.resumes:
+            await self.store.resume(self.batch_ids[k])
+        await self.check_ready()
+
+    async def check_ready(self) -> None:
+        """Every lane counts exactly its running batches' ready chunks."""
+        lanes = await self.lanes()
+        for lane in lanes:
+            counted = sum(1 for c in lane.chunks if c.state == ChunkState.READY and c.running)
+            assert lane.ready == counted, (lane.model, lane.org_id)
+
     async def release(self, token: str) -> None:
         """Some claimed lines go back to the queue, some with a backoff not yet over."""
         for which, not_before in self.scenario.releases:
@@ -230,7 +268,7 @@ class Harness:
                 await conn.execute(
                     text(
                         "SELECT c.batch_id, c.chunk, c.end_idx, c.model, c.org_id, c.expires_at,"
-                        " c.state, c.not_before, b.status FROM chunks c"
+                        " c.state, c.not_before, c.rank, b.status FROM chunks c"
                         " JOIN batches b ON b.id = c.batch_id WHERE c.model IN :models"
                     ).bindparams(bindparam("models", expanding=True)),
                     {"models": self.models},
@@ -260,6 +298,7 @@ class Harness:
                     state=ChunkState(row.state),
                     not_before=row.not_before,
                     running=row.status == BatchStatus.IN_PROGRESS,
+                    rank=row.rank,
                 )
             )
         return [
@@ -288,9 +327,12 @@ async def play(store: SqlStore, scenario: Scenario) -> None:
         await world.start(k)
     await world.poke()
     await world.claims("t1")
+    await world.controls()
     await world.release("t1")
+    await world.check_ready()
     for k in range(scenario.first_opened, scenario.last_opened):
         await world.start(k)
+    await world.check_ready()
     await world.poke()
     await world.claims("t2")
 

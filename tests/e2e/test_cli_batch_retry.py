@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from tests.support import (
-    TERMINAL,
     ServerProcess,
     SimulatorProcess,
+    batch_cli,
     batch_of,
     chat_line,
+    ended,
     rows_of,
     start_server_process,
     submit,
@@ -35,30 +30,6 @@ def server(tmp_path: Path, sim_process: SimulatorProcess) -> Iterator[ServerProc
         process.stop()
 
 
-def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ, BACKFILL_API_KEY=server.key, BACKFILL_BASE_URL=server.base_url, COLUMNS="200"
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "backfill.cli", "batch", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
-def ended(client: httpx.Client, batch_id: str, timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = batch_of(client, batch_id)
-        if batch["status"] in TERMINAL:
-            return batch
-        time.sleep(0.1)
-    raise AssertionError(f"batch {batch_id} did not end in {timeout_s}s")
-
-
 def test_batch_retry_reruns_the_failed_lines_and_waits(server: ServerProcess) -> None:
     rows = [chat_line("ok"), chat_line("flaky", "[[sim:fail_first=1]] a flaky cli question")]
     with server.client() as client:
@@ -66,7 +37,7 @@ def test_batch_retry_reruns_the_failed_lines_and_waits(server: ServerProcess) ->
         first = ended(client, batch_id)
         assert first["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
 
-        rerun = cli(server, "retry", batch_id, "--wait")
+        rerun = batch_cli(server, "retry", batch_id, "--wait")
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         new_id = rerun.stdout.strip()
         assert new_id.startswith("batch_")
@@ -79,11 +50,11 @@ def test_batch_retry_reruns_the_failed_lines_and_waits(server: ServerProcess) ->
         assert [r["custom_id"] for r in rows_of(client, batch["output_file_id"])] == ["flaky"]
 
         # The rerun itself has nothing left to rerun: the server's reason, exit status 1.
-        nothing = cli(server, "retry", new_id)
+        nothing = batch_cli(server, "retry", new_id)
         assert nothing.returncode == 1
         assert "nothing to rerun" in " ".join(nothing.stderr.split())
 
-        deleted = cli(server, "delete", batch_id)
+        deleted = batch_cli(server, "delete", batch_id)
         assert deleted.returncode == 0, deleted.stdout + deleted.stderr
         assert deleted.stdout.strip() == f"{batch_id}: deleted"
         assert client.get(f"/v1/batches/{batch_id}").status_code == 404

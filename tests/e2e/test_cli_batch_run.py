@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support import ServerProcess, chat_line, jsonl
+from tests.support import ServerProcess, batch_cli, chat_line, jsonl
 
 
 def _run_cli(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
@@ -73,20 +73,7 @@ def test_interrupted_run_resumes_the_same_batch(
 
 
 def _cli(server: ServerProcess, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill.cli", "batch", *args],
-        capture_output=True,
-        text=True,
-        env=dict(
-            os.environ,
-            BACKFILL_API_KEY=server.key,
-            BACKFILL_BASE_URL=server.base_url,
-            COLUMNS="100",
-            **env,
-        ),
-        timeout=120,
-        check=False,
-    )
+    return batch_cli(server, *args, columns=100, env=env)
 
 
 def test_a_saved_batch_this_server_does_not_know_is_named_with_what_to_do(

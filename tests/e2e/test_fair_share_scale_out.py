@@ -9,9 +9,6 @@ time its worker finished it, so the windows below are exact, whatever the pollin
 
 from __future__ import annotations
 
-import base64
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,18 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.support import (
-    ADMIN_TOKEN,
-    Api,
-    SimulatorProcess,
-    chat_line,
-    eventually,
-    free_port,
-    serve_role,
-    stop_all,
-    wait_http,
-    write_sim_config,
-)
+from tests.support import Api, SimulatorProcess, chat_line, eventually, scale_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -81,65 +67,50 @@ async def wait_for(
 async def test_three_workers_share_by_weight_and_a_small_batch_gets_its_share(
     tmp_path: Path, pg_url: str, fast_sim: SimulatorProcess
 ) -> None:
-    config = tmp_path / "fair.toml"
-    write_sim_config(
-        config,
-        fast_sim.base_url,
-        max_concurrency=8,
-        extra=f"""
-database_url = "{pg_url}"
-storage_url = "file://{tmp_path / "blobs"}"
-master_key = "{base64.b64encode(os.urandom(32)).decode()}"
-admin_token = "{ADMIN_TOKEN}"
-plan_interval_s = 0.5
-""",
-    )
-    processes: list[subprocess.Popen[bytes]] = []
     db = await asyncpg.connect(pg_url)
     try:
-        port = free_port()
-        processes.append(serve_role(config, "api", tmp_path / "api.log", port))
-        wait_http(f"http://127.0.0.1:{port}/healthz", processes[0])
-        processes += [serve_role(config, "worker", tmp_path / f"worker{i}.log") for i in range(3)]
-        api = Api(port)
-        light = await api.org("light", 1)
-        heavy = await api.org("heavy", 3)
-        late = await api.org("late", 1)
-
-        # 1:3 while both have work: count each org's requests between the moment the heavy
-        # batch exists and the moment 85% of it is done.
-        backlog = await api.submit(light, named_rows("light", BACKLOG))
-        big = await api.submit(heavy, named_rows("heavy", HEAVY))
-        start = time.time()
-        end = await wait_for(db, big, int(HEAVY * 0.85))
-        got_light = await served_between(db, backlog, start, end)
-        got_heavy = await served_between(db, big, start, end)
-        share = got_heavy / (got_light + got_heavy)
-        print(f"\nthree workers, weights 1:3: heavy's share {share:.3f} of {got_light + got_heavy}")
-        assert got_light + got_heavy > HEAVY / 2
-        assert abs(share - 0.75) <= 0.05, (got_light, got_heavy)
-
-        # The heavy batch ends; the light backlog still holds tens of thousands of requests.
-        await wait_for(db, big, HEAVY)
-        submitted = time.time()
-        small = await api.submit(late, named_rows("late", SMALL))
-        done = await wait_for(db, small, SMALL)
-        ahead = await served_between(db, backlog, submitted, done)
-        assert await finished_at(db, backlog, BACKLOG) is None, "the backlog must outlast it"
-        # At its fair share (1 of 1 + 1) the small batch needs 2 x SMALL of the model's
-        # requests; it took what the model served from its submission to its last result.
-        ratio = (ahead + SMALL) / (2 * SMALL)
-        print(f"three workers: small batch took {ratio:.3f}x its fair-share time")
-        assert ratio <= 1.2, (ahead, SMALL)
-        # Equal weights while both ran: from its first result to 85% of them.
-        first = await wait_for(db, small, 1)
-        end = await wait_for(db, small, int(SMALL * 0.85))
-        got_late = await served_between(db, small, first, end)
-        got_light = await served_between(db, backlog, first, end)
-        share = got_late / (got_late + got_light)
-        print(f"three workers, weights 1:1: late's share {share:.3f} of {got_late + got_light}")
-        assert abs(share - 0.5) <= 0.05, (got_late, got_light)
-        await api.client.aclose()
+        with scale_out(tmp_path, pg_url, fast_sim.base_url, workers=3) as port:
+            await share_by_weight(db, Api(port))
     finally:
         await db.close()
-        stop_all(processes)
+
+
+async def share_by_weight(db: asyncpg.Connection, api: Api) -> None:
+    light = await api.org("light", 1)
+    heavy = await api.org("heavy", 3)
+    late = await api.org("late", 1)
+
+    # 1:3 while both have work: count each org's requests between the moment the heavy
+    # batch exists and the moment 85% of it is done.
+    backlog = await api.submit(light, named_rows("light", BACKLOG))
+    big = await api.submit(heavy, named_rows("heavy", HEAVY))
+    start = time.time()
+    end = await wait_for(db, big, int(HEAVY * 0.85))
+    got_light = await served_between(db, backlog, start, end)
+    got_heavy = await served_between(db, big, start, end)
+    share = got_heavy / (got_light + got_heavy)
+    print(f"\nthree workers, weights 1:3: heavy's share {share:.3f} of {got_light + got_heavy}")
+    assert got_light + got_heavy > HEAVY / 2
+    assert abs(share - 0.75) <= 0.05, (got_light, got_heavy)
+
+    # The heavy batch ends; the light backlog still holds tens of thousands of requests.
+    await wait_for(db, big, HEAVY)
+    submitted = time.time()
+    small = await api.submit(late, named_rows("late", SMALL))
+    done = await wait_for(db, small, SMALL)
+    ahead = await served_between(db, backlog, submitted, done)
+    assert await finished_at(db, backlog, BACKLOG) is None, "the backlog must outlast it"
+    # At its fair share (1 of 1 + 1) the small batch needs 2 x SMALL of the model's
+    # requests; it took what the model served from its submission to its last result.
+    ratio = (ahead + SMALL) / (2 * SMALL)
+    print(f"three workers: small batch took {ratio:.3f}x its fair-share time")
+    assert ratio <= 1.2, (ahead, SMALL)
+    # Equal weights while both ran: from its first result to 85% of them.
+    first = await wait_for(db, small, 1)
+    end = await wait_for(db, small, int(SMALL * 0.85))
+    got_late = await served_between(db, small, first, end)
+    got_light = await served_between(db, backlog, first, end)
+    share = got_late / (got_late + got_light)
+    print(f"three workers, weights 1:1: late's share {share:.3f} of {got_late + got_light}")
+    assert abs(share - 0.5) <= 0.05, (got_late, got_light)
+    await api.client.aclose()

@@ -21,7 +21,11 @@ from tests.support import InProcess, chat_line, jsonl
 
 BODY_METHODS = {"post", "put", "patch"}
 # Operations that take no body: the action is the URL.
-NO_BODY = {("post", "/v1/batches/{batch_id}/cancel")}
+NO_BODY = {
+    ("post", "/v1/batches/{batch_id}/cancel"),
+    ("post", "/v1/batches/{batch_id}/pause"),
+    ("post", "/v1/batches/{batch_id}/resume"),
+}
 
 
 def api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:

@@ -1,5 +1,6 @@
-"""An org's fair-share weight through the admin API and the CLI: shown on the org object,
-changed with PATCH or ``backfill admin org set``, and refused with a 400 naming the field."""
+"""An org's fair-share weight and priority cap through the admin API and the CLI: shown on
+the org object, changed with PATCH or ``backfill admin org set``, and refused with a 400
+naming the field (a refusal changes neither)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backfill.cli.admin import app as admin_cli
+from backfill.domain.priority import DEFAULT_MAX_PRIORITY, MAX_PRIORITY
 from backfill.domain.scheduling.fair_share import MAX_WEIGHT
 from tests.support import in_process_backfill
 
@@ -35,6 +37,11 @@ async def test_the_weight_is_shown_and_changed_through_the_admin_api(tmp_path: P
         assert stored is not None
         assert stored.weight == 3
 
+        capped = await bf.client.patch(
+            "/admin/v1/orgs/acme", json={"max_priority": 50}, headers=ADMIN
+        )
+        assert capped.json() == {**org, "weight": 3, "max_priority": 50}
+
         missing = await bf.client.patch("/admin/v1/orgs/nobody", json={"weight": 2}, headers=ADMIN)
         assert missing.status_code == 404, missing.text
         unauthorized = await bf.client.patch("/admin/v1/orgs/acme", json={"weight": 2})
@@ -52,6 +59,10 @@ async def test_the_weight_is_shown_and_changed_through_the_admin_api(tmp_path: P
         ({"weight": None}, "weight"),
         ({}, "weight"),
         ({"weight": 2, "priority": 9}, "priority"),
+        ({"max_priority": MAX_PRIORITY + 1}, "max_priority"),
+        ({"max_priority": -1}, "max_priority"),
+        ({"max_priority": None}, "max_priority"),
+        ({"weight": 2, "max_priority": "5"}, "max_priority"),
     ],
 )
 async def test_a_bad_weight_is_a_400_naming_the_field(
@@ -66,7 +77,7 @@ async def test_a_bad_weight_is_a_400_naming_the_field(
         assert refused.headers["x-should-retry"] == "false"
         stored = await bf.backfill.store.org_by_name("default")
         assert stored is not None
-        assert stored.weight == 1
+        assert (stored.weight, stored.max_priority) == (1, DEFAULT_MAX_PRIORITY)
 
 
 def test_the_cli_sets_and_shows_the_weight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,3 +100,16 @@ def test_the_cli_sets_and_shows_the_weight(tmp_path: Path, monkeypatch: pytest.M
     assert refused.exit_code == 1
     assert "'weight' must be from 1 to 1000" in refused.output
     assert cli("org", "show", "acme")["weight"] == 5
+
+    assert cli("org", "show", "acme")["max_priority"] == DEFAULT_MAX_PRIORITY
+    assert cli("org", "set", "acme", "--max-priority", "40")["max_priority"] == 40
+    both = cli("org", "set", "acme", "--weight", "2", "--max-priority", "0")
+    assert (both["weight"], both["max_priority"]) == (2, 0)
+    capped = runner.invoke(
+        admin_cli, ["org", "set", "acme", "--max-priority", "101", "--data", data]
+    )
+    assert capped.exit_code == 1
+    assert "'max_priority' must be a whole number from 0 to 100" in capped.output
+    neither = runner.invoke(admin_cli, ["org", "set", "acme", "--data", data])
+    assert neither.exit_code != 0
+    assert "--max-priority" in neither.output

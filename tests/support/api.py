@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
 import httpx
 import orjson
 
-from tests.support.lines import jsonl
+from tests.support.lines import TERMINAL, jsonl
 
 ADMIN_TOKEN = "admin-token-for-the-e2e-deployments-0123456789"
 
@@ -18,6 +19,17 @@ def batch_of(client: httpx.Client, batch_id: str) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     batch: dict[str, Any] = response.json()
     return batch
+
+
+def ended(client: httpx.Client, batch_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    """The batch once it ends, polled every 0.1 s; the test fails past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = batch_of(client, batch_id)
+        if batch["status"] in TERMINAL:
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} did not end in {timeout_s}s")
 
 
 def rows_of(client: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
@@ -89,8 +101,11 @@ class Api:
         assert patched.json()["weight"] == weight, patched.text
         return {"Authorization": f"Bearer {key.json()['key']}"}
 
-    async def submit(self, headers: dict[str, str], rows: list[dict[str, Any]]) -> str:
-        """Upload ``rows`` and create a 24h chat batch of them; its id."""
+    async def submit(
+        self, headers: dict[str, str], rows: list[dict[str, Any]], **fields: Any
+    ) -> str:
+        """Upload ``rows`` and create a 24h chat batch of them (with ``fields`` in the create
+        body); its id."""
         uploaded = await self.client.post(
             "/v1/files",
             data={"purpose": "batch"},
@@ -104,6 +119,7 @@ class Api:
                 "input_file_id": uploaded.json()["id"],
                 "endpoint": "/v1/chat/completions",
                 "completion_window": "24h",
+                **fields,
             },
             headers=headers,
         )

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.common import spawn_up, start_backfill, start_simulator, stop, wait_http
+from bench.common import free_port, spawn_up, start_backfill, start_simulator, stop, wait_http
+from tests.support.api import ADMIN_TOKEN
 from tests.support.settings import write_sim_config
 
 
@@ -118,6 +121,31 @@ def backfill_process(
         server.stop()
 
 
+def batch_cli(
+    server: ServerProcess,
+    *args: str,
+    columns: int = 200,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``backfill batch ARGS`` as a user runs it against ``server``: its key and address from
+    the environment (with ``env`` added), a terminal ``columns`` wide."""
+    return subprocess.run(
+        [sys.executable, "-m", "backfill.cli", "batch", *args],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            BACKFILL_API_KEY=server.key,
+            BACKFILL_BASE_URL=server.base_url,
+            COLUMNS=str(columns),
+            **(env or {}),
+        ),
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def serve_role(
     config: Path, role: str, log: Path, port: int | None = None
 ) -> subprocess.Popen[bytes]:
@@ -136,3 +164,35 @@ def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
             process.terminate()
     for process in processes:
         stop(process, timeout_s=10)
+
+
+@contextmanager
+def scale_out(
+    tmp_path: Path, pg_url: str, sim_url: str, *, workers: int, max_concurrency: int = 8
+) -> Iterator[int]:
+    """An API process and ``workers`` worker processes on one PostgreSQL database, blobs on
+    disk, planning every 0.5 s, against the simulator at ``sim_url``; the API's port."""
+    config = tmp_path / "scale-out.toml"
+    write_sim_config(
+        config,
+        sim_url,
+        max_concurrency=max_concurrency,
+        extra=f"""
+database_url = "{pg_url}"
+storage_url = "file://{tmp_path / "blobs"}"
+master_key = "{base64.b64encode(os.urandom(32)).decode()}"
+admin_token = "{ADMIN_TOKEN}"
+plan_interval_s = 0.5
+""",
+    )
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        port = free_port()
+        processes.append(serve_role(config, "api", tmp_path / "api.log", port))
+        wait_http(f"http://127.0.0.1:{port}/healthz", processes[0])
+        processes += [
+            serve_role(config, "worker", tmp_path / f"worker{i}.log") for i in range(workers)
+        ]
+        yield port
+    finally:
+        stop_all(processes)

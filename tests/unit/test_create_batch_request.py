@@ -65,7 +65,10 @@ def test_a_body_that_is_not_a_json_object_is_invalid_json(raw: bytes) -> None:
 @pytest.mark.parametrize(
     ("changes", "code", "param"),
     [
-        ({"priority": "high"}, "unknown_parameter", "priority"),
+        ({"priority": "high"}, "invalid_value", "priority"),
+        ({"priority": True}, "invalid_value", "priority"),
+        ({"output_validation": "yes"}, "invalid_value", "output_validation"),
+        ({"prority": 5}, "unknown_parameter", "prority"),
         ({"": {}}, "unknown_parameter", ""),
         ({"webhook_url": 5}, "invalid_value", "webhook_url"),
         ({"input_file_id": None}, "missing_required_parameter", "input_file_id"),

@@ -426,6 +426,43 @@ def test_stream_true_on_completions_is_streaming_unsupported() -> None:
     assert_error(reject(completion(stream=True)), "streaming_unsupported", "body.stream")
 
 
+IGNORING_STREAM = Limits(
+    max_file_bytes=1 << 30, max_lines=1000, max_line_bytes=1 << 20, ignore_stream=True
+)
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_stream_true_is_accepted_where_the_operator_ignores_it(
+    make: Callable[..., dict[str, Any]],
+) -> None:
+    v = validator(IGNORING_STREAM)
+    line = make(stream=True, stream_options={"include_usage": True})
+    assert check(v, raw(line), 1) == "req-1"
+    assert check(v, raw(make("req-2", stream=False)), 2) == "req-2"
+
+
+def test_stream_options_without_stream_is_refused_in_either_setting() -> None:
+    for limits in (LIMITS, IGNORING_STREAM):
+        for line in (
+            chat(stream_options={"include_usage": True}),
+            chat(stream=False, stream_options={}),
+        ):
+            with pytest.raises(LineError) as info:
+                validator(limits).check_lines([raw(line)], 1)
+            assert_error(info.value, "unsupported_parameter", "body.stream_options")
+    assert check(validator(), raw(chat(stream_options=None)), 1) == "req-1"
+
+
+def test_stream_options_after_many_common_lines_is_still_refused() -> None:
+    # The strict decoder takes runs of common chat lines; this field must leave its path.
+    v = validator()
+    lines = [raw(chat(f"r{i}")) for i in range(100)]
+    lines.append(raw(chat("bad", stream_options={"include_usage": True})))
+    with pytest.raises(LineError) as info:
+        v.check_lines(lines, 1)
+    assert_error(info.value, "unsupported_parameter", "body.stream_options", line=101)
+
+
 # ---- §5.4 messages, prompt, modalities -------------------------------------------------------
 
 
@@ -625,6 +662,12 @@ MUTATIONS: list[Mutation] = [
     _set(("body", "previous_response_id"), "resp_1"),
     _set(("body", "previous_response_id"), None),
     _set(("body", "web_search_options"), {}),
+    _set(("body", "response_format"), {"type": "json_object"}),
+    _set(("body", "response_format"), {"type": "json_schema", "json_schema": {"schema": {}}}),
+    _set(("body", "response_format"), {"type": "json_schema", "json_schema": {"schema": []}}),
+    _set(
+        ("body", "response_format"), {"type": "json_schema", "json_schema": {"schema": {"type": 1}}}
+    ),
     _set(("body", "max_output_tokens"), "8"),
     _set(("body", "messages"), [{"role": "developer", "content": "d"}, {"role": "tool"}]),
     _bytes(lambda data: b""),

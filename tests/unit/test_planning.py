@@ -134,21 +134,26 @@ def test_a_lane_about_to_miss_its_deadline_is_urgent_with_that_deadline() -> Non
     bulk = running("bulk", "x", 5000, window=3600)
     finishes = project([soon, bulk], 10.0, NOW)
     assert finishes["soon"] == NOW + 120
-    assert urgent_lanes([soon, bulk], finishes, 10.0, NOW, 0.1) == {"y": soon.expires_at}
+    assert urgent_lanes([soon, bulk], finishes, 10.0, NOW, 0.1) == (
+        {"y": soon.expires_at},
+        {soon.id},
+    )
     # With room to spare at its fair share it is not urgent; inside the margin it is.
     relaxed = running("soon", "y", 400, window=100)
-    assert urgent_lanes([relaxed, bulk], project([relaxed, bulk], 10.0, NOW), 10.0, NOW, 0.1) == {}
+    assert (
+        urgent_lanes([relaxed, bulk], project([relaxed, bulk], 10.0, NOW), 10.0, NOW, 0.1)[0] == {}
+    )
     tight = running("soon", "y", 460, window=100)
     finishes = project([tight, bulk], 10.0, NOW)
     assert finishes["soon"] == NOW + 92  # before the deadline, but after deadline - 10%
-    assert urgent_lanes([tight, bulk], finishes, 10.0, NOW, 0.1) == {"y": tight.expires_at}
+    assert urgent_lanes([tight, bulk], finishes, 10.0, NOW, 0.1)[0] == {"y": tight.expires_at}
 
 
 def test_a_batch_that_cannot_finish_even_alone_is_not_made_urgent() -> None:
     hopeless = running("hopeless", "y", 2000, window=100)  # 200 s of work in 100 s
     bulk = running("bulk", "x", 5000, window=3600)
     finishes = project([hopeless, bulk], 10.0, NOW)
-    assert urgent_lanes([hopeless, bulk], finishes, 10.0, NOW, 0.1) == {}
+    assert urgent_lanes([hopeless, bulk], finishes, 10.0, NOW, 0.1) == ({}, set())
 
 
 def test_the_rate_counts_only_windows_busy_at_every_look() -> None:
@@ -272,6 +277,64 @@ def test_a_plan_measures_shares_marks_urgent_lanes_and_estimates() -> None:
     assert shares["y"].urgent_by == int(NOW) + 100
     assert shares["x"].urgent_by == NOT_URGENT
     assert made.estimates == {"soon": int(NOW) + 120, "bulk": int(NOW) + 560}
+
+
+def test_a_lanes_batches_are_projected_by_priority_then_deadline() -> None:
+    first = running("first", "x", 100, deadline=int(NOW) + 900)
+    raised = dataclasses.replace(running("raised", "x", 100, deadline=int(NOW) + 950), priority=5)
+    finishes = project([first, raised], 1.0, NOW)
+    assert finishes == {"raised": NOW + 100, "first": NOW + 200}
+    # Rescued goes before every priority; without rescues, priority order again.
+    rescued = dataclasses.replace(first, urgent=True)
+    assert project([rescued, raised], 1.0, NOW)["first"] == NOW + 100
+    assert project([rescued, raised], 1.0, NOW, rescue=False)["first"] == NOW + 200
+
+
+def test_a_batch_that_priorities_would_make_late_is_rescued_then_calmed() -> None:
+    """10 lines/s, one org. "tight" (600 lines, 100 s window) behind a priority-5 batch of
+    1,000 lines would finish at 160 s: late, but it can make it alone, so it is rescued. A plan
+    that finds it safe in priority order (the big one nearly done) calms it."""
+    lanes = [lane_load("x", 1000, 1000)]
+    rates = [ModelRate("m", 10.0, NOW - 40, 1000, True)]
+    big = dataclasses.replace(running("big", "x", 1000, window=3600), priority=5)
+    tight = running("tight", "x", 600, window=100)
+    made = plan(PlanInputs(lanes, rates, running=[big, tight]), NOW, 0.1)
+    assert (made.urgent, made.calm) == (frozenset({"tight"}), frozenset())
+    assert made.lanes[0].urgent_by == tight.expires_at
+    # Rescued, it is projected first: it finishes in time.
+    assert made.estimates["tight"] == int(NOW) + 60
+    # Stored as rescued, the same plan changes nothing about it.
+    again = plan(
+        PlanInputs(lanes, rates, running=[big, dataclasses.replace(tight, urgent=True)]), NOW, 0.1
+    )
+    assert (again.urgent, again.calm) == (frozenset(), frozenset())
+    # The big one nearly done: in time in priority order, so no longer rescued.
+    calm = plan(
+        PlanInputs(
+            lanes,
+            rates,
+            running=[
+                dataclasses.replace(big, remaining=10),
+                dataclasses.replace(tight, urgent=True),
+            ],
+        ),
+        NOW,
+        0.1,
+    )
+    assert (calm.urgent, calm.calm) == (frozenset(), frozenset({"tight"}))
+
+
+def test_a_paused_batch_delays_nobody_and_has_no_estimate() -> None:
+    lanes = [lane_load("x", 1000, 1000)]
+    rates = [ModelRate("m", 10.0, NOW - 40, 1000, True)]
+    paused = dataclasses.replace(
+        running("paused", "x", 1000, deadline=int(NOW) + 500, estimate=int(NOW) + 100),
+        paused=True,
+    )
+    other = running("other", "x", 100)
+    made = plan(PlanInputs(lanes, rates, running=[paused, other]), NOW, 0.1)
+    assert made.estimates == {"paused": None, "other": int(NOW) + 10}
+    assert made.urgent == frozenset()
 
 
 def test_a_model_whose_engine_is_on_standby_is_projected_from_its_start() -> None:

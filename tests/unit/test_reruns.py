@@ -50,6 +50,14 @@ def test_a_retry_without_fields_takes_the_batchs_own() -> None:
     assert made.output_expires_after.seconds == 7200
 
 
+def test_a_rerun_checks_its_answers_as_the_batch_did() -> None:
+    assert creation(RetryBatchRequest()).output_validation is False
+    body = rerun_creation(
+        original(output_validation=True), RetryBatchRequest(), "file-rerun", expanded=True
+    )
+    assert msgspec.convert(body, CreateBatchRequest).output_validation is True
+
+
 def test_the_original_input_keeps_its_format_field() -> None:
     made = creation(RetryBatchRequest(), expanded=False)
     assert made.metadata == {"team": "evals", "batchrouter_input_format": "sectioned.v1"}

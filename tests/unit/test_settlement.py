@@ -88,6 +88,29 @@ def test_failures_are_counted_but_never_charged() -> None:
     assert settlement.charged == settlement.receipts[0].amount
 
 
+def test_an_answer_off_its_schema_is_failed_and_charged_as_produced() -> None:
+    # output_validation: the engine produced the answer, so it is charged, yet it failed.
+    mismatched = ItemResult(
+        "batch_1",
+        0,
+        "token",
+        False,
+        b"sealed",
+        input_tokens=30,
+        output_tokens=20,
+        cached_tokens=10,
+        request_id="req_0",
+        custom_id="c-0",
+        billed=True,
+    )
+    settlement = settle(terms(), [mismatched, ok(1), failed(2)])
+    assert (settlement.completed, settlement.failed) == (1, 2)
+    assert [r.idx for r in settlement.receipts] == [0, 1]
+    assert settlement.receipts[0].amount == token_charge(PRICES, 30, 10, 20)
+    assert settlement.charged == sum(r.amount for r in settlement.receipts)
+    assert (settlement.input_tokens, settlement.output_tokens) == (130, 70)
+
+
 def test_gpu_time_results_are_counted_without_token_charges() -> None:
     settlement = settle(terms(Billing.GPU_TIME), [ok(0), ok(1, tin=7, tout=9)])
     assert (settlement.completed, settlement.input_tokens, settlement.output_tokens) == (2, 107, 59)

@@ -36,7 +36,14 @@ from backfill.domain.scheduling.planning import (
     plan,
 )
 from backfill.domain.scheduling.waits import lane_waits
-from backfill.domain.waiting import PRECEDENCE, LaneWait, WaitCode, WaitingOn, waiting_on
+from backfill.domain.waiting import (
+    PRECEDENCE,
+    AheadInLane,
+    LaneWait,
+    WaitCode,
+    WaitingOn,
+    waiting_on,
+)
 from backfill.runner.inputs import Queued
 from backfill.runner.slots import EngineSlot
 
@@ -304,14 +311,40 @@ def test_the_first_reason_in_precedence_is_shown(
     assert (found.code if found else None) == expected
 
 
+def test_a_paused_batch_says_so_before_anything_else_and_how_to_resume() -> None:
+    paused = batch(paused_at=int(T0) + 20)
+    found = waiting_on(paused, model_health([report("a", DOWN)]), {KEY: CREDIT}, T0 + 50)
+    assert found is not None
+    assert (found.code, found.since, found.resumes_at) == ("paused", int(T0) + 20, None)
+    assert f"POST /v1/batches/{paused.id}/resume" in found.message
+    assert "window keeps running" in found.message
+
+
+def test_priority_comes_last_and_says_what_goes_first_and_until_when() -> None:
+    ahead = AheadInLane(batches=2, top_priority=7, since=int(T0) + 25, done_by=int(T0) + 900)
+    waiting = batch(in_progress_at=int(T0) + 10)
+    # Fair share holds too: it is shown first.
+    fair = waiting_on(waiting, FREE, {KEY: FAIR}, T0 + 50, ahead)
+    assert fair is not None
+    assert fair.code == "fair_share"
+    found = waiting_on(waiting, FREE, {}, T0 + 50, ahead)
+    assert found is not None
+    assert (found.code, found.since, found.resumes_at) == ("priority", int(T0) + 25, int(T0) + 900)
+    assert "2 other batches of this organization on model 'm' go first" in found.message
+    assert "the highest priority among them is 7, against this batch's 0" in found.message
+    assert "projected to finish at" in found.message
+
+
 def test_precedence_is_the_documented_order() -> None:
     assert [c.value for c in PRECEDENCE] == [
+        "paused",
         "credit",
         "rate_limited",
         "interactive_load",
         "engine_starting",
         "no_healthy_engine",
         "fair_share",
+        "priority",
     ]
 
 

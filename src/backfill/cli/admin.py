@@ -35,6 +35,7 @@ from backfill.domain.audit import AuditEntry
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.overview import ModelQueue
+from backfill.domain.priority import DEFAULT_MAX_PRIORITY, MAX_PRIORITY
 from backfill.domain.records import ApiKey, Org
 from backfill.domain.scheduling.fair_share import MAX_WEIGHT, MIN_WEIGHT
 from backfill.services.audit import entry_id
@@ -95,7 +96,8 @@ def _org_json(org: Org) -> str:
 def org_show(
     name: str, config: ConfigOpt = None, data: DataOpt = None, json_: JsonOpt = False
 ) -> None:
-    """Print an organization as JSON (the admin API's object: its id and fair-share weight);
+    """Print an organization as JSON (the admin API's object: its id, fair-share weight and
+    priority cap);
     --json changes nothing here and is taken for scripts that pass it everywhere."""
 
     async def action(b: Backfill) -> str:
@@ -108,19 +110,33 @@ def org_show(
 def org_set(
     name: str,
     weight: Annotated[
-        int,
+        int | None,
         typer.Option(
             help=f"Fair-share weight, {MIN_WEIGHT}..{MAX_WEIGHT}: its share of dispatch on "
             "shared engines relative to other orgs' (default 1)."
         ),
-    ],
+    ] = None,
+    max_priority: Annotated[
+        int | None,
+        typer.Option(
+            help=f"The highest priority its batches may be given, 0..{MAX_PRIORITY} "
+            f"(default {DEFAULT_MAX_PRIORITY})."
+        ),
+    ] = None,
     config: ConfigOpt = None,
     data: DataOpt = None,
 ) -> None:
-    """Change an organization; prints it as JSON."""
+    """Change an organization's weight, priority cap or both; prints it as JSON."""
+    if weight is None and max_priority is None:
+        raise typer.BadParameter("give --weight, --max-priority or both")
 
     async def action(b: Backfill) -> str:
-        return _org_json(await b.services.tenants.set_weight(name, weight))
+        org = await b.services.tenants.org(name)
+        if weight is not None:
+            org = await b.services.tenants.set_weight(name, weight)
+        if max_priority is not None:
+            org = await b.services.controls.set_max_priority(name, max_priority)
+        return _org_json(org)
 
     run_admin(admin_settings(config, data), action, audited=("org.update", name))
 

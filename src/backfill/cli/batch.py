@@ -284,6 +284,18 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Results file.")] = None,
     errors: Annotated[Path | None, typer.Option(help="Errors file.")] = None,
     window: Annotated[str, typer.Option(help="Completion window.")] = "24h",
+    priority: Annotated[
+        int,
+        typer.Option(help="Higher runs first among your organization's batches of the model."),
+    ] = 0,
+    output_validation: Annotated[
+        bool,
+        typer.Option(
+            "--output-validation",
+            help="Check each answer against its line's response_format schema; an answer "
+            "that does not match becomes an error row (output_schema_mismatch).",
+        ),
+    ] = False,
 ) -> None:
     """Upload, create, follow, download and reconcile one batch; rerun to resume it."""
     if not api_key:
@@ -312,6 +324,9 @@ def run(
                 "input_file_id": state["input_file_id"],
                 "endpoint": _endpoint(file),
                 "completion_window": window,
+                # Sent only when set: a server that does not know them still takes the batch.
+                **({"priority": priority} if priority else {}),
+                **({"output_validation": True} if output_validation else {}),
             },
             headers={"Idempotency-Key": state["idempotency_key"]},
         )
@@ -409,6 +424,9 @@ def _summary(batch: dict[str, Any]) -> Table:
         ("created", _when(batch["created_at"])),
         ("expires", _when(batch.get("expires_at"))),
         ("estimated end", _when(batch.get("estimated_completion_at"))),
+        ("cost", _cost(batch.get("cost"))),
+        ("priority", str(batch["priority"]) if batch.get("priority") else None),
+        ("paused", _when(batch.get("paused_at"))),
         *_waiting_rows(batch.get("waiting_on")),
         ("output file", batch.get("output_file_id")),
         ("error file", batch.get("error_file_id")),
@@ -423,6 +441,13 @@ def _summary(batch: dict[str, Any]) -> Table:
     for error in ((batch.get("errors") or {}).get("data")) or []:
         table.add_row("error", Text(f"line {error.get('line')}: {error.get('message')}"))
     return table
+
+
+def _cost(cost: Any) -> str | None:
+    """What the batch has cost so far and what is still reserved (catalog batches)."""
+    if not isinstance(cost, dict) or cost.get("charged") is None:
+        return None
+    return f"${cost['charged']} charged, ${cost.get('reserved', '0')} still reserved"
 
 
 def _waiting_rows(waiting: Any) -> list[tuple[str, str | None]]:
@@ -446,6 +471,36 @@ def cancel(batch_id: str, base_url: BaseUrl = None, api_key: ApiKey = "") -> Non
     """Cancel a batch."""
     batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/cancel", json={})
     typer.echo(f"{batch['id']}: {batch['status']}")
+
+
+@app.command()
+def pause(batch_id: str, base_url: BaseUrl = None, api_key: ApiKey = "") -> None:
+    """Pause a batch: it starts no new request (those running finish) until resumed. Its
+    window keeps running."""
+    batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/pause", json={})
+    typer.echo(f"{batch['id']}: paused; 'backfill batch resume {batch['id']}' goes on.")
+
+
+@app.command()
+def resume(batch_id: str, base_url: BaseUrl = None, api_key: ApiKey = "") -> None:
+    """Resume a paused batch."""
+    batch = Client(base_url, api_key).json("POST", f"/batches/{batch_id}/resume", json={})
+    typer.echo(f"{batch['id']}: {batch['status']}, running again.")
+
+
+@app.command()
+def priority(
+    batch_id: str,
+    value: Annotated[
+        int, typer.Argument(help="Higher runs first among your organization's batches.")
+    ],
+    base_url: BaseUrl = None,
+    api_key: ApiKey = "",
+) -> None:
+    """Change a running batch's priority."""
+    client = Client(base_url, api_key)
+    batch = client.json("POST", f"/batches/{batch_id}", json={"priority": value})
+    typer.echo(f"{batch['id']}: priority {batch['priority']}")
 
 
 @app.command("list")

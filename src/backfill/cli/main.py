@@ -21,7 +21,7 @@ import uvicorn
 
 from backfill.adapters.logs import JsonLines
 from backfill.adapters.private import private_dir
-from backfill.cli import admin, batch
+from backfill.cli import admin, batch, estimate
 from backfill.cli.banner import ready_banner, site
 from backfill.cli.common import load, opened, operator_errors
 from backfill.domain.money import usd_to_pico
@@ -40,6 +40,8 @@ app = typer.Typer(
 )
 app.add_typer(admin.app, name="admin")
 app.add_typer(batch.app, name="batch")
+# In a module of its own, built on batch.py's client and upload.
+batch.app.command("estimate")(estimate.estimate)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

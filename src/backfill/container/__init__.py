@@ -48,6 +48,7 @@ from backfill.runner.notify import Notifier, NotifyConfig
 from backfill.runner.worker import Worker
 from backfill.services.account import AccountService
 from backfill.services.audit import AuditLog
+from backfill.services.batch_controls import BatchControls
 from backfill.services.batches import BatchService, BatchStarter, OrgLimits
 from backfill.services.billing import BillingService
 from backfill.services.bundle import Services
@@ -55,6 +56,7 @@ from backfill.services.catalog import CatalogService
 from backfill.services.engine_admin import EngineAdmin
 from backfill.services.engine_health import EngineHealth
 from backfill.services.error_codes import ErrorCodeService
+from backfill.services.estimates import EstimateService
 from backfill.services.files import FileService
 from backfill.services.fleet import FleetService
 from backfill.services.notifications import NotificationService
@@ -254,6 +256,7 @@ def _http_engine(spec: EngineSettings, name: str, base_url: str) -> Replica:
         connect_timeout_s=spec.connect_timeout_s,
         api_key=spec.api_key,
         priority=spec.priority,
+        json_schema_as_object=spec.json_schema_format == "json_object",
     )
     probe = priority = None
     if spec.mode == Mode.SHARED and spec.signal != "latency":
@@ -327,7 +330,14 @@ def _local(
     """A llama.cpp process on the bundled GGUF serving ``model``, and the engine that calls it."""
     command = llama_cpp_command(model, n_ctx=LOCAL_CONTEXT, parallel=1, embedding=embedding)
     process = ManagedProcess(name, command)
-    engine = OpenAIHttpEngine(name, process.base_url, {model: model}, max_concurrency=concurrency)
+    # llama-cpp-python's server takes a JSON Schema only inside json_object.
+    engine = OpenAIHttpEngine(
+        name,
+        process.base_url,
+        {model: model},
+        max_concurrency=concurrency,
+        json_schema_as_object=True,
+    )
     return process, engine
 
 
@@ -443,6 +453,7 @@ def build(
             allow_http=settings.fetch.allow_http,
         ),
         settings.limits.max_expanded_file_bytes,
+        ignore_stream=settings.limits.ignore_stream,
     )
     files = FileService(
         store,
@@ -508,7 +519,9 @@ def build(
             # Only a worker alone on its database may take back every lease at start.
             sole_worker=role == "all" and store.is_sqlite,
         )
-    health = EngineHealth(store, clock, worker.engine_reports if worker is not None else None)
+    health = EngineHealth(
+        store, clock, worker.engine_reports if worker is not None else None, ahead=store
+    )
     batches = BatchService(
         store,
         files,
@@ -550,6 +563,8 @@ def build(
         engines=engine_admin,
         audit=AuditLog(store, store),
         spend_caps=SpendCapService(store, store, clock),
+        controls=BatchControls(store, store, batches, clock),
+        estimates=EstimateService(store, batches, files, clock),
     )
     return Backfill(
         settings,

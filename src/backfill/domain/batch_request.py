@@ -23,3 +23,7 @@ class CreateBatchRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     # Checked against the webhook address rules when the batch is created (SPEC §10.4).
     webhook_url: str | None = None
     output_expires_after: OutputExpiresAfter | None = None
+    # Extra body fields (Backfill's own): the batch's priority within its org, and whether each
+    # answer is checked against its line's response_format schema.
+    priority: int = 0
+    output_validation: bool = False

@@ -31,6 +31,7 @@ from backfill.domain.media import (
     check_audio,
     check_image_url,
 )
+from backfill.domain.output_schema import format_param, schema_of, schema_problem
 from backfill.domain.strict_lines import Role, StrictChatLine, chat_run, strict_chat_decoder
 
 __all__ = ["CHAT_URL", "COMPLETIONS_URL", "ENDPOINTS"]
@@ -42,6 +43,8 @@ MAX_SECTION_ID_BYTES = MAX_CUSTOM_ID_BYTES
 MAX_EMBEDDING_INPUTS = 2048
 ENCODING_FORMATS = frozenset({"float", "base64"})
 _UNSET = msgspec.UNSET
+# An absent field kept as the line's own JSON: empty.
+_ABSENT = msgspec.Raw(b"")
 # Where a chat part's media lives, and the modality the model must publish for it.
 _CHAT_PARTS = {"image_url": "image", "input_audio": "audio"}
 # Responses input items Backfill passes on: messages, their text and images (an earlier
@@ -77,6 +80,8 @@ class Body(msgspec.Struct):
     max_completion_tokens: int | None = None
     max_output_tokens: int | None = None
     stream: bool | None = None
+    stream_options: Any = _UNSET
+    """Only beside ``stream: true`` (engines refuse it alone), and then dropped with it."""
     background: Any = _UNSET
     encoding_format: Any = _UNSET
     dimensions: Any = _UNSET
@@ -90,6 +95,13 @@ class Body(msgspec.Struct):
     previous_response_id: Any = _UNSET
     conversation: Any = _UNSET
     web_search_options: Any = _UNSET
+    # Structured output (``domain/output_schema.py``): sent to the engine as written; a
+    # JSON Schema in it must be a valid one. Kept as the line's JSON, not decoded: the lines
+    # of a file mostly share one, and comparing its bytes with the one checked last costs far
+    # less than building its objects for every line.
+    response_format: msgspec.Raw = _ABSENT
+    text: msgspec.Raw = _ABSENT
+    """Responses lines: ``text.format``."""
 
 
 class RequestLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,6 +133,9 @@ class Limits:
     media: MediaLimits = field(default_factory=MediaLimits)
     max_expanded_bytes: int = 4 * 1024**3
     """A sectioned file's requests, expanded with their sections' shared parts."""
+    ignore_stream: bool = False
+    """A line's ``stream: true`` is accepted and has no effect (its result is the whole
+    answer, as for any line), as some hosted batch services do; refused by default."""
 
 
 @dataclass(slots=True)
@@ -233,6 +248,9 @@ class LineValidator:
         # dropped after a few lines it refuses (each of them costs a second decode).
         self._strict: Callable[[bytes], StrictChatLine] | None = None
         self._strict_misses = 0
+        # The last ``response_format`` (Responses: ``text``) the detailed checks accepted, as
+        # the line's JSON: a line with the same bytes needs no second look at its schema.
+        self._format_ok = _ABSENT
         self.lines = 0
         self._prompt_bound = 0
         self._max_output = 0
@@ -284,6 +302,7 @@ class LineValidator:
         max_tokens = model.max_output_tokens if model else 0
         context = model.context_length if model else 0
         strict = self._strict
+        format_ok = self._format_ok
         i = 0
         while i < len(lines):
             if strict is not None:
@@ -324,12 +343,14 @@ class LineValidator:
                 or req.url != endpoint
                 or body.model != model_name
                 or body.stream
+                or body.stream_options is not _UNSET
                 or body.priority is not _UNSET
                 or (body.tools is not _UNSET and not _plain_tools(body.tools))
                 or (body.store is not _UNSET and body.store is not False)
                 or body.previous_response_id is not _UNSET
                 or body.conversation is not _UNSET
                 or body.web_search_options is not _UNSET
+                or (body.response_format and body.response_format != format_ok)
                 or (req.section is not None and not _section_ok(req.section))
                 or limit is None
                 or not 0 < limit <= max_tokens
@@ -339,6 +360,7 @@ class LineValidator:
                 model = self._check_request(req, line_no, ids)
                 model_name, endpoint, chat = self._model_name, self._endpoint, self._chat
                 fast = self._fast
+                format_ok = self._format_ok
                 max_tokens = model.max_output_tokens
                 context = model.context_length
                 strict = self._strict_decoder()
@@ -476,13 +498,21 @@ class LineValidator:
                 line=line_no,
                 param="url",
             )
-        if body.stream:
+        if body.stream and not self._limits.ignore_stream:
             raise LineError(
                 "streaming_unsupported",
                 f"Line {line_no}: 'body.stream' must be false or absent; batch results arrive "
                 "whole in the output file.",
                 line=line_no,
                 param="body.stream",
+            )
+        if body.stream_options not in (_UNSET, None) and not body.stream:
+            raise LineError(
+                "unsupported_parameter",
+                f"Line {line_no}: 'body.stream_options' is only allowed with 'stream': true, "
+                "and a batch line does not stream; remove the field.",
+                line=line_no,
+                param="body.stream_options",
             )
         if body.priority is not _UNSET:
             raise LineError(
@@ -494,6 +524,7 @@ class LineValidator:
                 param="body.priority",
             )
         _check_reach(body, line_no)
+        self._check_output_format(body, url, line_no)
         if url == EMBEDDINGS_URL:
             self._check_embeddings(body, line_no)
             return
@@ -522,6 +553,33 @@ class LineValidator:
                 line=line_no,
                 param="body.prompt",
             )
+
+    def _check_output_format(self, body: Body, url: str, line_no: int) -> None:
+        """A JSON Schema the line asks its answer to match must be a valid one (against its
+        draft's meta-schema): the engine would refuse the request otherwise, and
+        ``output_validation`` could not check the answer. Nothing else of the format is
+        checked: it reaches the engine as written."""
+        raw = body.text if url == RESPONSES_URL else body.response_format
+        if not raw or raw == self._format_ok:
+            return
+        fmt = msgspec.json.decode(raw)  # JSON already: the line was decoded
+        if url == RESPONSES_URL:
+            fmt = fmt.get("format") if isinstance(fmt, dict) else None
+        found = schema_of(url, fmt)
+        if found is not None:
+            where, schema = found
+            problem = schema_problem(schema)
+            if problem is not None:
+                param = f"{format_param(url)}.{where}"
+                raise LineError(
+                    "invalid_value",
+                    f"Line {line_no}: '{param}' is not a valid JSON Schema ({problem}); fix "
+                    "the schema, which engines refuse too.",
+                    line=line_no,
+                    param=param,
+                )
+        # A file has one endpoint: this is its lines' response_format, or their text.
+        self._format_ok = raw
 
     def _check_embeddings(self, body: Body, line_no: int) -> None:
         _refuse_fields(

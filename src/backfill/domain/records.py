@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices
+from backfill.domain.priority import DEFAULT_MAX_PRIORITY
 from backfill.domain.waiting import WaitingOn
 
 T = TypeVar("T")
@@ -34,6 +35,8 @@ class Org:
     created_at: int
     weight: int = 1
     """Its share of dispatch on engines it shares with other orgs, relative to theirs."""
+    max_priority: int = DEFAULT_MAX_PRIORITY
+    """The highest priority its batches may be given (domain/priority.py)."""
 
 
 @dataclass(slots=True)
@@ -92,6 +95,14 @@ class BatchRecord:
     webhook_url: str | None = None
     retry_of: str | None = None
     """The batch whose failed, expired and cancelled lines this one reruns."""
+    priority: int = 0
+    """Higher first among its org's batches of its model (domain/priority.py)."""
+    paused_at: int | None = None
+    """When it was paused (claims take none of its lines); None: it is not."""
+    urgent: bool = False
+    """The planner found it about to miss its window: it goes before higher priorities."""
+    output_validation: bool = False
+    """Each answer is checked against its line's ``response_format`` schema."""
     waiting_on: WaitingOn | None = field(default=None, metadata={"stored": False})
     """Why it makes no progress now (domain/waiting.py). Not stored as such: the batch
     service derives it from what the workers stored (engine reports, lane waits) when it reads
@@ -124,6 +135,8 @@ class WorkBatch:
     input_file_id: str
     billing: Billing
     expires_at: int
+    output_validation: bool = False
+    """Each answer is checked against its line's ``response_format`` schema."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +150,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class ItemResult:
-    """A request's outcome; a successful one of a catalog batch is charged when stored."""
+    """A request's outcome; a successful (or ``billed``) one of a catalog batch is charged when
+    stored."""
 
     batch_id: str
     idx: int
@@ -151,6 +165,9 @@ class ItemResult:
     custom_id: str = ""
     finished_at: float = 0.0
     """When the request ended, by the worker's clock: its receipt's time."""
+    billed: bool = False
+    """A failed request charged all the same: the engine produced its answer, which did not
+    match its line's schema (``output_schema_mismatch``)."""
 
 
 class Stored(list[bool]):

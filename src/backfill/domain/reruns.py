@@ -64,4 +64,7 @@ def rerun_creation(
         "metadata": metadata,
         "webhook_url": original.webhook_url,
         "output_expires_after": msgspec.to_builtins(expiry),
+        # Its answers are checked as the original's were: a line that failed its schema is
+        # rerun to get one that matches.
+        "output_validation": original.output_validation,
     }

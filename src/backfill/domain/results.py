@@ -22,6 +22,17 @@ def http_error_row(custom_id: str, status_code: int, body: Any) -> bytes:
     return success_row(custom_id, status_code, body, ids.request_id())
 
 
+def mismatch_row(custom_id: str, body: Any, request_id: str, code: str, message: str) -> bytes:
+    """An answer that is not what its line asked for (``domain/output_schema.py``): the
+    engine's answer kept in ``response`` as a success row keeps it (``request_id`` names its
+    receipt: it is charged), and ``error`` says why it counts as failed."""
+    return _row(
+        custom_id,
+        {"status_code": 200, "request_id": request_id, "body": body},
+        {"code": code, "message": message},
+    )
+
+
 def error_row(custom_id: str, code: str, message: str, *, row_id: str | None = None) -> bytes:
     """``row_id``: the row's ``id`` when it must come out the same each time it is built."""
     return _row(custom_id, None, {"code": code, "message": message}, row_id)

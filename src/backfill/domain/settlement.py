@@ -52,17 +52,21 @@ class Settlement:
 
 def settle(terms: BatchTerms, results: Sequence[ItemResult]) -> Settlement:
     """Count ``results`` (accepted, of the batch ``terms`` describes) and charge the successful
-    ones of a catalog batch at its prices; failures are never charged."""
+    ones of a catalog batch at its prices; failures are never charged, but for answers the
+    engine produced that did not match their line's schema (``billed``): those count as failed
+    and are charged, their tokens in the batch's usage."""
     prices = terms.prices if terms.billing == Billing.CATALOG else None
     completed = failed = tokens_in = tokens_out = cached = charged = 0
     receipts: list[Receipt] = []
     finished_at = 0.0
     for r in results:
         finished_at = max(finished_at, r.finished_at)
-        if not r.ok:
+        if r.ok:
+            completed += 1
+        else:
             failed += 1
-            continue
-        completed += 1
+            if not r.billed:
+                continue
         tokens_in += r.input_tokens
         tokens_out += r.output_tokens
         cached += r.cached_tokens

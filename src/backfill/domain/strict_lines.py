@@ -3,10 +3,10 @@ model and output limit.
 
 The rules the validator's fast path would check in Python for every line (the method, the URL,
 the model, each message's role and text content, the output limit's range, no streaming, no
-``priority``, function tools only, nothing stored engine-side) become types that msgspec checks
-in C while it decodes. Its structs are not tracked by the cyclic garbage collector either:
-decoded data holds no cycles, and a million lines would otherwise trigger a collection every
-few hundred lines.
+``priority``, function tools only, nothing stored engine-side, no ``response_format``) become
+types that msgspec checks in C while it decodes. Its structs are not tracked by the cyclic
+garbage collector either: decoded data holds no cycles, and a million lines would otherwise
+trigger a collection every few hundred lines.
 
 A line this decoder refuses is not necessarily wrong: the validator then decodes it with the
 full structs and its detailed checks, which accept it or name the rule it breaks. So the strict
@@ -91,6 +91,7 @@ def strict_chat_decoder(
             "max_tokens": limit,
             "max_completion_tokens": limit,
             "stream": Literal[False] | None,
+            "stream_options": msgspec.UnsetType,
             # Present at all, it is refused with its reason by the full checks.
             "priority": msgspec.UnsetType,
             "tools": list[StrictTool] | None,
@@ -99,6 +100,8 @@ def strict_chat_decoder(
             "previous_response_id": msgspec.UnsetType,
             "conversation": msgspec.UnsetType,
             "web_search_options": msgspec.UnsetType,
+            # Its JSON Schema is checked by the full checks (once per distinct format).
+            "response_format": msgspec.UnsetType,
         },
         required=frozenset({"messages"}),
     )

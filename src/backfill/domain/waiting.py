@@ -9,14 +9,15 @@ says it in words.
 When several hold, the first in ``PRECEDENCE`` is shown: what only the owner can lift before
 what lifts by itself, and what stops every line before what stops only some:
 
-1. (``paused``, when batches can be paused: the owner's own choice comes first)
+1. ``paused``: the owner's own choice comes first;
 2. ``credit``: the org's GPU-time work starts nothing until credit is added, whatever the
    engines do;
 3. the model's engines, one reason per model (``engine_health.ModelHealth``): an engine that
    is up but held (``rate_limited``, then ``interactive_load``) before one that is starting
    (``engine_starting``) before none answering (``no_healthy_engine``);
 4. ``fair_share``: the engines take batch work, and other orgs' fills them;
-5. (``priority``, when batches have priorities: the org's own batches go first).
+5. ``priority``: the org's own batches of higher priority (or rescued from missing their
+   window) go first.
 
 A batch that has lines running and nothing of the above has no ``waiting_on``.
 """
@@ -41,16 +42,17 @@ if TYPE_CHECKING:
 class WaitCode(StrEnum):
     """A ``waiting_on.code``; declared in ``PRECEDENCE`` order."""
 
+    PAUSED = "paused"
     CREDIT = "credit"
     RATE_LIMITED = Hold.RATE_LIMITED.value
     INTERACTIVE_LOAD = Hold.INTERACTIVE_LOAD.value
     ENGINE_STARTING = "engine_starting"
     NO_HEALTHY_ENGINE = "no_healthy_engine"
     FAIR_SHARE = "fair_share"
+    PRIORITY = "priority"
 
 
-# The first that holds is shown. ``paused`` goes before CREDIT and ``priority`` after
-# FAIR_SHARE once batches can be paused and given priorities.
+# The first that holds is shown.
 PRECEDENCE: tuple[WaitCode, ...] = tuple(WaitCode)
 
 
@@ -102,6 +104,20 @@ class LaneWait:
         return served <= self.served
 
 
+@dataclass(frozen=True, slots=True)
+class AheadInLane:
+    """The org's own batches of the same model that go before a batch with nothing running:
+    higher priorities, or batches rescued from missing their window."""
+
+    batches: int
+    top_priority: int
+    """The highest priority among them."""
+    since: int
+    """When the last of them started running (Unix seconds)."""
+    done_by: int | None
+    """When the planner projects the last of them to finish; None when unknown."""
+
+
 # Only these statuses wait for an engine: a cancelling batch ends without one, a finalizing
 # one has no lines left.
 _RUNNING = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
@@ -117,14 +133,18 @@ def waiting_on(
     health: Mapping[str, ModelHealth],
     lanes: Mapping[tuple[str, str], LaneWait],
     now: float,
+    ahead: AheadInLane | None = None,
 ) -> WaitingOn | None:
     """Why ``batch`` waits, or None: the first reason of ``PRECEDENCE`` that holds.
 
     ``health``: each model's engines (``engine_health.model_health``); ``lanes``: the waits
-    the planner stored, by (model, org).
+    the planner stored, by (model, org); ``ahead``: the org's batches that go before it, when
+    it has nothing running.
     """
     if not may_wait(batch):
         return None
+    if batch.paused_at is not None:
+        return _paused(batch)
     model = health.get(batch.model)
     # The planner's findings count only while a live worker serves the model: the planner
     # runs in the workers, and the rows it stored outlive them.
@@ -133,12 +153,43 @@ def waiting_on(
         lambda: _credit(batch, lane) if lane and lane.code == WaitCode.CREDIT else None,
         lambda: _engines(batch, model, now),
         lambda: _fair_share(batch, lane) if lane and lane.code == WaitCode.FAIR_SHARE else None,
+        lambda: _priority(batch, ahead) if ahead is not None else None,
     )
     for reason in reasons:
         found = reason()
         if found is not None:
             return found
     return None
+
+
+def _paused(batch: BatchRecord) -> WaitingOn:
+    since = batch.paused_at or batch.created_at
+    message = (
+        f"The batch was paused at {_utc(since)}: it starts no new request, and those that were "
+        f"running finished. Resume it (POST /v1/batches/{batch.id}/resume, or 'backfill batch "
+        "resume') and it goes on where it stopped. Its window keeps running while it is paused: "
+        f"what is not done by {_utc(batch.expires_at)} expires, and is not charged."
+    )
+    return WaitingOn(WaitCode.PAUSED, message, since)
+
+
+def _priority(batch: BatchRecord, ahead: AheadInLane) -> WaitingOn:
+    others = f"{ahead.batches:,} other batch{'es' if ahead.batches != 1 else ''}"
+    done = f"; they are projected to finish at {_utc(ahead.done_by)}" if ahead.done_by else ""
+    message = (
+        f"{others} of this organization on model '{batch.model}' {_go(ahead.batches)} first: "
+        f"the highest priority among them is {ahead.top_priority}, against this batch's "
+        f"{batch.priority} (at the same priority the earlier deadline goes first, and a batch "
+        f"about to miss its window goes before all). Its requests start as theirs finish{done}. "
+        f'Raise its priority (POST /v1/batches/{batch.id} with {{"priority": N}}) to move it '
+        "ahead."
+    )
+    return WaitingOn(
+        WaitCode.PRIORITY,
+        message,
+        max(batch.in_progress_at or batch.created_at, ahead.since),
+        ahead.done_by,
+    )
 
 
 def _credit(batch: BatchRecord, lane: LaneWait) -> WaitingOn:
@@ -252,6 +303,10 @@ def _projected(batch: BatchRecord) -> str:
 def _engine_names(names: tuple[str, ...]) -> str:
     quoted = ", ".join(f"'{name}'" for name in names)
     return f"Engine {quoted}" if len(names) == 1 else f"Engines {quoted}"
+
+
+def _go(n: int) -> str:
+    return "goes" if n == 1 else "go"
 
 
 def _is_are(names: tuple[str, ...]) -> str:

@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from backfill.domain.embeddings import requested
 from backfill.domain.endpoints import EMBEDDINGS_URL
+from backfill.domain.output_schema import expected
 from backfill.domain.records import ClaimedItem, WorkBatch
 from backfill.metrics import Metrics
 from backfill.ports import Clock, EngineReply, EngineTimeout, EngineUnreachable
@@ -51,6 +52,9 @@ class Attempts:
         engine = slot.engine
         policy = self._policy
         embeddings = requested(body) if batch.endpoint == EMBEDDINGS_URL else None
+        # Read only for a batch that asked for its answers to be checked: the others pay
+        # nothing for the feature.
+        asked = expected(batch.endpoint, body) if batch.output_validation else None
         attempt = 0
         while True:
             attempt += 1
@@ -78,7 +82,7 @@ class Attempts:
                 self._metrics.latency.labels(engine.name).observe(took)
                 reason = str(reply.status)
                 if reply.status == 200:
-                    outcome = succeeded(item.custom_id, reply.body, embeddings)
+                    outcome = succeeded(item.custom_id, reply.body, embeddings, asked)
                     slot.succeeded(took, outcome.output_tokens)
                     return outcome
                 final = engine_error(item.custom_id, reply.status, reply.body)

@@ -73,5 +73,6 @@ class Endings:
                 request_id=outcome.request_id,
                 custom_id=item.custom_id,
                 finished_at=self._clock.now(),
+                billed=outcome.billed,
             )
         )

@@ -12,7 +12,14 @@ import orjson
 from backfill.domain import ids
 from backfill.domain.embeddings import Requested, conform
 from backfill.domain.money import MAX_TOKENS
-from backfill.domain.results import ERROR_MESSAGES, error_row, http_error_row, success_row
+from backfill.domain.output_schema import OUTPUT_SCHEMA_MISMATCH, Expected, mismatch
+from backfill.domain.results import (
+    ERROR_MESSAGES,
+    error_row,
+    http_error_row,
+    mismatch_row,
+    success_row,
+)
 
 _NOT_JSON = {
     "error": {
@@ -32,6 +39,8 @@ class Outcome:
     output_tokens: int = 0
     cached_tokens: int = 0
     request_id: str | None = None
+    billed: bool = False
+    """Failed, and charged all the same (``ItemResult.billed``)."""
 
 
 def failed(custom_id: str, code: str, message: str | None = None) -> Outcome:
@@ -44,10 +53,19 @@ def engine_error(custom_id: str, status: int, raw: bytes) -> Outcome:
     return Outcome(False, http_error_row(custom_id, status, json_or_text(raw)))
 
 
-def succeeded(custom_id: str, raw: bytes, embeddings: Requested | None = None) -> Outcome:
+def succeeded(
+    custom_id: str,
+    raw: bytes,
+    embeddings: Requested | None = None,
+    expected: Expected | None = None,
+) -> Outcome:
     """A 200 reply: its body as the engine answered it (``model`` too: the name the engine
     answered under, whatever name or alias the line used), with the usage it reports; an
-    embeddings answer reshaped as its request asked (``domain/embeddings.py``)."""
+    embeddings answer reshaped as its request asked (``domain/embeddings.py``).
+
+    ``expected``: what the answer must be (a batch with ``output_validation``); one that is
+    not becomes an ``output_schema_mismatch`` error row that keeps the answer and is charged
+    as the engine produced it, so rerunning the batch's failed lines reruns it."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -56,13 +74,19 @@ def succeeded(custom_id: str, raw: bytes, embeddings: Requested | None = None) -
         conform(body, embeddings)
     usage = usage_of(body)
     request_id = ids.request_id()
+    why = None if expected is None else mismatch(expected, body)
+    if why is None:
+        row = success_row(custom_id, 200, body, request_id)
+    else:
+        row = mismatch_row(custom_id, body, request_id, OUTPUT_SCHEMA_MISMATCH, why)
     return Outcome(
-        True,
-        success_row(custom_id, 200, body, request_id),
+        why is None,
+        row,
         input_tokens=usage[0],
         output_tokens=usage[1],
         cached_tokens=usage[2],
         request_id=request_id,
+        billed=why is not None,
     )
 
 

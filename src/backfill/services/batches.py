@@ -21,6 +21,7 @@ from backfill.domain.files import (
 )
 from backfill.domain.lifecycle import TERMINAL, BatchStatus
 from backfill.domain.money import worst_case
+from backfill.domain.priority import check_priority
 from backfill.domain.records import Admission, BatchRecord, Page
 from backfill.domain.streams import read_ahead
 from backfill.errors import BackfillError, Conflict, ContentUnreadable, InvalidInput, NotFound
@@ -410,7 +411,15 @@ class BatchService:
             output_token_bound=file.max_output_tokens,
             output_expires_after_s=expiry.seconds if expiry else None,
             webhook_url=request.webhook_url,
+            priority=await self.checked_priority(org_id, request.priority),
+            output_validation=request.output_validation,
         ), admission
+
+    async def checked_priority(self, org_id: str, priority: object) -> int:
+        """``priority`` if it is one the org's cap allows (every org may lower its own
+        batches), or a 400 that says what is."""
+        raising = isinstance(priority, int) and not isinstance(priority, bool) and priority > 0
+        return check_priority(priority, await self._store.max_priority(org_id) if raising else 0)
 
     def _check_webhook_url(self, url: str | None) -> None:
         if url is None:
@@ -450,3 +459,13 @@ class BatchService:
         if self._events is not None:
             self._events.stop_starting(batch_id)
         return await self.get(org_id, batch_id)
+
+    async def proposal(
+        self, org_id: str, request: CreateBatchRequest, api_key_id: str | None = None
+    ) -> tuple[BatchRecord, Admission]:
+        """The batch and the admission terms ``create`` would hand the store for ``request``
+        now, after the same checks (window, webhook, file, model, deadline, priority, readable
+        input), with nothing written: what an estimate decides on (services/estimates.py)."""
+        batch, admission = await self._new_batch(org_id, request, None, "", api_key_id)
+        await self._check_readable(batch.input_file_id)
+        return batch, admission

@@ -6,11 +6,13 @@ from dataclasses import dataclass
 
 from backfill.services.account import AccountService
 from backfill.services.audit import AuditLog
+from backfill.services.batch_controls import BatchControls
 from backfill.services.batches import BatchService
 from backfill.services.billing import BillingService
 from backfill.services.catalog import CatalogService
 from backfill.services.engine_admin import EngineAdmin
 from backfill.services.error_codes import ErrorCodeService
+from backfill.services.estimates import EstimateService
 from backfill.services.files import FileService
 from backfill.services.fleet import FleetService
 from backfill.services.notifications import NotificationService
@@ -38,3 +40,5 @@ class Services:
     engines: EngineAdmin
     audit: AuditLog
     spend_caps: SpendCapService
+    controls: BatchControls
+    estimates: EstimateService

@@ -6,13 +6,14 @@ lanes' waits the planner stored (domain/waiting.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from backfill.domain.engine_health import EngineReport, ModelHealth, model_health
+from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord, Page
-from backfill.domain.waiting import LaneWait, may_wait, waiting_on
-from backfill.ports import Clock, EngineHealthStore
+from backfill.domain.waiting import AheadInLane, LaneWait, may_wait, waiting_on
+from backfill.ports import BatchControlStore, Clock, EngineHealthStore
 
 # Batch reads are the API's most frequent requests (SDKs poll): the models' health and the
 # lanes' waits they show are read from the database at most this often per process.
@@ -25,12 +26,16 @@ class EngineHealth:
         store: EngineHealthStore,
         clock: Clock,
         local: Callable[[], list[EngineReport]] | None = None,
+        ahead: BatchControlStore | None = None,
         *,
         cache_s: float = MODELS_CACHE_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``local``: this process's worker's reports as of now (None: no worker here)."""
+        """``local``: this process's worker's reports as of now (None: no worker here);
+        ``ahead``: where the batches that go before others of their org are read (None: the
+        ``priority`` reason is not shown)."""
         self._store = store
+        self._ahead_store = ahead
         self._clock = clock
         self._local = local
         self._cache_s = cache_s
@@ -81,11 +86,29 @@ class EngineHealth:
         if not may_wait(batch):
             return batch
         health, lanes = await self.models(), await self.lane_waits()
-        return replace(batch, waiting_on=waiting_on(batch, health, lanes, self._clock.now()))
+        ahead = await self._ahead([batch])
+        wait = waiting_on(batch, health, lanes, self._clock.now(), ahead.get(batch.id))
+        return replace(batch, waiting_on=wait)
 
     async def annotate_page(self, page: Page[BatchRecord]) -> Page[BatchRecord]:
         if not any(may_wait(batch) for batch in page.items):
             return page
         health, lanes, now = await self.models(), await self.lane_waits(), self._clock.now()
-        items = [replace(b, waiting_on=waiting_on(b, health, lanes, now)) for b in page.items]
+        ahead = await self._ahead(page.items)
+        items = [
+            replace(b, waiting_on=waiting_on(b, health, lanes, now, ahead.get(b.id)))
+            for b in page.items
+        ]
         return replace(page, items=items)
+
+    async def _ahead(self, batches: Sequence[BatchRecord]) -> dict[str, AheadInLane]:
+        """The org's batches that go before each running, unpaused one with nothing running:
+        read only for those (the API's polls of other batches read nothing more)."""
+        ids = [
+            b.id
+            for b in batches
+            if may_wait(b) and b.status == BatchStatus.IN_PROGRESS and b.paused_at is None
+        ]
+        if not ids or self._ahead_store is None:
+            return {}
+        return await self._ahead_store.batches_ahead(ids)

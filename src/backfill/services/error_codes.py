@@ -45,7 +45,9 @@ class ErrorCodes:
 
 
 def error_code(row: Any) -> str | None:
-    """The row's error code, or None for a successful row."""
+    """The row's error code, or None for a successful row. A row's ``error`` decides: one
+    with an answer kept beside its error (``output_schema_mismatch``, an answer that did not
+    match its line's schema) counts by its error's code."""
     if not isinstance(row, dict):
         return "unreadable_row"
     error = row.get("error")

@@ -50,8 +50,11 @@ def completion(
     finish_reason: str,
     usage: dict[str, Any],
     received: dict[str, Any],
+    content: str | None = None,
 ) -> dict[str, Any]:
-    content = answer_text(tokens)
+    """``content``: the answer's text when it is not the plain words (a structured output)."""
+    if content is None:
+        content = answer_text(tokens)
     if chat:
         return {
             "id": f"chatcmpl-sim{number}",

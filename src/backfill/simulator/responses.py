@@ -1,7 +1,8 @@
 """``POST /v1/responses`` of the simulated engine: OpenAI's Responses API, as vLLM serves it.
 
 It generates as a chat does (same timing, same ``tok tok …`` text, same prefix cache), its
-prompt being the instructions followed by the input's messages. Only whole answers are
+prompt being the instructions followed by the input's messages; ``text.format`` shapes the
+answer as ``response_format`` shapes a chat's (``structured``). Only whole answers are
 given: ``stream`` and ``background`` are refused when true, and so is any field the
 simulator does not know, since silently dropping, say, ``tools`` would answer a different
 question. An answer cut short by ``max_output_tokens`` is ``incomplete``, as OpenAI marks it.
@@ -12,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backfill.simulator import fields, media, replies
+from backfill.simulator import fields, media, replies, structured
 from backfill.simulator.fields import BadRequest
 from backfill.simulator.prompt import Prompt, PromptBuilder
 
 FIELDS = (
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "metadata",
-    "store", "user", "stream", "background", "priority",
+    "store", "user", "stream", "background", "priority", "text",
 )  # fmt: skip
 ROLES = ("user", "system", "developer", "assistant")
 MAX_METADATA_KEYS = 16
@@ -32,6 +33,8 @@ class ResponsesAsk:
     priority: int
     echo: dict[str, Any]
     """The request's settings that the Response object repeats."""
+    format: structured.Format | None = None
+    """What ``text.format`` asks the answer to be; None: plain text."""
 
 
 def parse(body: dict[str, Any]) -> ResponsesAsk:
@@ -57,6 +60,7 @@ def parse(body: dict[str, Any]) -> ResponsesAsk:
     if instructions is not None:
         prompt.text(instructions, "instructions")
     _input(prompt, body.get("input"))
+    fmt, text = structured.of_responses(body)
     return ResponsesAsk(
         model=model,
         prompt=prompt.build(),
@@ -69,7 +73,9 @@ def parse(body: dict[str, Any]) -> ResponsesAsk:
             "temperature": _number(body, "temperature", 2.0),
             "top_p": _number(body, "top_p", 1.0),
             "user": fields.optional_string(body, "user"),
+            "text": text,
         },
+        format=fmt,
     )
 
 
@@ -82,7 +88,9 @@ def reply(
     cut_short: bool,
     cached_tokens: int,
     written_tokens: int,
+    text: str | None = None,
 ) -> dict[str, Any]:
+    """``text``: the answer's text when it is not the plain words (a structured output)."""
     status = "incomplete" if cut_short else "completed"
     input_tokens = ask.prompt.count
     return {
@@ -103,7 +111,7 @@ def reply(
                 "content": [
                     {
                         "type": "output_text",
-                        "text": replies.answer_text(tokens),
+                        "text": replies.answer_text(tokens) if text is None else text,
                         "annotations": [],
                     }
                 ],
@@ -114,7 +122,6 @@ def reply(
         "previous_response_id": None,
         "reasoning": None,
         "service_tier": "auto",
-        "text": {"format": {"type": "text"}},
         "tool_choice": "auto",
         "tools": [],
         "truncation": "disabled",

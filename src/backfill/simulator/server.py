@@ -19,7 +19,8 @@ completions it serves ``/v1/responses`` (``responses``) and ``/v1/embeddings``
 Faults come at random rates, or on demand from a directive in the prompt text, which makes
 tests deterministic: ``[[sim:status=400]]``, ``[[sim:status=503]]``, ``[[sim:drop]]``,
 ``[[sim:hang]]``, ``[[sim:delay_ms=2000]]``, ``[[sim:tokens=5]]``, ``[[sim:fail_first=2]]``
-(fail with 503 the first two times this prompt is seen).
+(fail with 503 the first two times this prompt is seen). A ``response_format`` is honoured
+(``structured``), unless ``[[sim:off_schema]]`` or ``[[sim:not_json]]`` says otherwise.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
-from backfill.simulator import embeddings, fields, replies, responses
+from backfill.simulator import embeddings, fields, replies, responses, structured
 from backfill.simulator import prompt as prompts
 from backfill.simulator.engine import EngineLoop, Ticket
 from backfill.simulator.fields import BadRequest
@@ -177,6 +178,8 @@ class _Job:
     """Chat or completion shapes, whole or streamed."""
     responses: responses.ResponsesAsk | None = None
     """Set for ``/v1/responses``: answered whole, as a Response object."""
+    format: structured.Format | None = None
+    """What ``response_format`` (or ``text.format``) asks the answer to be."""
 
 
 def _directives(text: str) -> dict[str, str | None]:
@@ -300,10 +303,12 @@ class Simulator:
             prompt = prompts.of_body(body)
             directives = _directives(prompt.text)
             ask = _ask(body, directives, self.config.output_tokens)
+            fmt = structured.of_chat(body)
         except BadRequest as bad:
             return self._refuse(bad)
         self.stats.models[str(body.get("model"))] += 1
-        return await self._generate(request, _Job(number, body, prompt, directives, ask, chat))
+        job = _Job(number, body, prompt, directives, ask, chat, format=fmt)
+        return await self._generate(request, job)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
@@ -319,7 +324,16 @@ class Simulator:
         tokens = min(int(directives.get("tokens") or self.config.output_tokens), limit)
         ask = _Ask(limit, tokens, stream=False, include_usage=False, priority=asked.priority)
         self.stats.models[asked.model] += 1
-        job = _Job(number, body, asked.prompt, directives, ask, chat=True, responses=asked)
+        job = _Job(
+            number,
+            body,
+            asked.prompt,
+            directives,
+            ask,
+            chat=True,
+            responses=asked,
+            format=asked.format,
+        )
         return await self._generate(request, job)
 
     async def _generate(self, request: web.Request, job: _Job) -> web.StreamResponse:
@@ -613,6 +627,10 @@ class Simulator:
     ) -> web.Response:
         ask = job.ask
         created = int(time.time())
+        cut_short = ask.finish_reason == "length"
+        text = None
+        if job.format is not None:
+            text = structured.answer(job.format, ask.tokens, job.directives, cut_short)
         payload: dict[str, Any]
         if job.responses is not None:
             payload = responses.reply(
@@ -620,9 +638,10 @@ class Simulator:
                 number=job.number,
                 created=created,
                 tokens=ask.tokens,
-                cut_short=ask.finish_reason == "length",
+                cut_short=cut_short,
                 cached_tokens=cached_tokens or 0,
                 written_tokens=written_tokens,
+                text=text,
             )
         else:
             payload = replies.completion(
@@ -634,6 +653,7 @@ class Simulator:
                 finish_reason=ask.finish_reason,
                 usage=replies.usage(prompt_tokens, ask.tokens, cached_tokens),
                 received=job.prompt.received,
+                content=text,
             )
         self.stats.by_status[200] += 1
         return web.Response(body=orjson.dumps(payload), content_type="application/json")

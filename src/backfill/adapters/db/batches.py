@@ -35,6 +35,7 @@ from backfill.domain.admission import (
 from backfill.domain.chunks import ChunkRef
 from backfill.domain.engine_health import start_delays
 from backfill.domain.lifecycle import TIMESTAMP_OF, BatchStatus, ItemState
+from backfill.domain.priority import claim_rank
 from backfill.domain.records import Admission, BatchRecord, Page
 from backfill.errors import Conflict
 
@@ -222,9 +223,15 @@ class BatchQueries(SqlBase):
                 # either waits for this page, which it then closes or removes, or comes first
                 # and no item is added past it. A batch is in progress only once all its items
                 # are in, so a late resume adds nothing there.
-                query = select(b.c.status, b.c.model, b.c.org_id, b.c.expires_at).where(
-                    b.c.id == batch_id
-                )
+                query = select(
+                    b.c.status,
+                    b.c.model,
+                    b.c.org_id,
+                    b.c.expires_at,
+                    b.c.priority,
+                    b.c.urgent,
+                    b.c.paused_at,
+                ).where(b.c.id == batch_id)
                 batch = (await conn.execute(self.dialect.for_update(query))).first()
                 if batch is None or batch.status not in _ITEMS_WELCOME:
                     return False
@@ -245,6 +252,8 @@ class BatchQueries(SqlBase):
                         for line in chunk.lines
                     ],
                 )
+                rank = claim_rank(batch.priority, batch.urgent)
+                state = ChunkState.READY if batch.paused_at is None else ChunkState.PAUSED
                 await conn.execute(
                     self.dialect.insert_ignoring(t.chunks),
                     [
@@ -256,7 +265,9 @@ class BatchQueries(SqlBase):
                             "model": batch.model,
                             "org_id": batch.org_id,
                             "expires_at": batch.expires_at,
-                            "state": ChunkState.READY,
+                            "rank": rank,
+                            # A paused batch's chunks wait for its resume (batch_controls.py).
+                            "state": state,
                         }
                         for chunk in rows
                     ],

@@ -38,7 +38,7 @@ from backfill.domain.catalog import Billing
 from backfill.domain.lifecycle import BatchStatus, ItemState
 from backfill.domain.records import Claim, ClaimedItem, WorkBatch
 from backfill.domain.scheduling.claim_model import (
-    EDF_ORDER,
+    CHUNK_ORDER,
     LANES_LOOKED_AT,
     LANES_PER_CLAIM,
     TURN_ORDER,
@@ -74,21 +74,22 @@ _OPEN_CHUNK = f"""c.model = l.model AND c.org_id = l.org_id AND c.state = {Chunk
           AND c.expires_at > :now AND (c.not_before IS NULL OR c.not_before <= :now)
           AND EXISTS (SELECT 1 FROM batches b
                       WHERE b.id = c.batch_id AND b.status = '{BatchStatus.IN_PROGRESS.value}')"""
-# A lane's chunks, earliest deadline first (claim_model.EDF_ORDER).
-_EDF = ", ".join(f"c.{column}" for column in EDF_ORDER)
+# A lane's chunks: by rank, then earliest deadline first (claim_model.CHUNK_ORDER).
+_CHUNK_ORDER = ", ".join(f"c.{column}" for column in CHUNK_ORDER)
 
 # The claim's pick, one statement per dialect. Its parameters: :models (a list), :now, :k
 # (LANES_PER_CLAIM) and :lanes (LANES_LOOKED_AT). Of the first :lanes claimable lanes of the
 # models in turn order, read through ix_lanes_turn (model, urgent_by, vtime; ready > 0), it
-# takes the earliest-deadline open chunk of each, read through ix_chunks_ready (model, org_id,
-# expires_at, batch_id, chunk; state = 0), and returns those of the first :k lanes that have
-# one, with what the claim needs of their batch, lane and org.
+# takes the first open chunk of each in CHUNK_ORDER, read through ix_chunks_ready (model,
+# org_id, rank, expires_at, batch_id, chunk; state = 0), and returns those of the first :k
+# lanes that have one, with what the claim needs of their batch, lane and org.
 #
 # SQLite: the chunk of each lane as a correlated subquery over the ordered lanes, rows in no
 # particular order (the claim sorts them by turn). One writer: nothing to lock.
 PICK_SQLITE = f"""-- name: PickChunksPerLane (SQLite)
 SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id,
        b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at,
+       b.output_validation,
        l.vtime, l.urgent_by, o.weight
 FROM chunks c
 JOIN batches b ON b.id = c.batch_id
@@ -99,7 +100,7 @@ WHERE c.rowid IN (
         SELECT (
             SELECT c.rowid FROM chunks c
             WHERE {_OPEN_CHUNK}
-            ORDER BY {_EDF} LIMIT 1
+            ORDER BY {_CHUNK_ORDER} LIMIT 1
         ) AS r
         FROM (
             SELECT l.model, l.org_id, l.vtime, l.urgent_by
@@ -115,6 +116,7 @@ WHERE c.rowid IN (
 PICK_POSTGRES = f"""-- name: PickChunksPerLane (PostgreSQL)
 SELECT c.batch_id, c.chunk, c.first_idx, c.end_idx, c.model, c.org_id,
        b.endpoint, b.input_file_id, b.billing, b.expires_at AS batch_expires_at,
+       b.output_validation,
        l.vtime, l.urgent_by, o.weight
 FROM (
     SELECT l.model, l.org_id, l.vtime, l.urgent_by
@@ -125,7 +127,7 @@ FROM (
 CROSS JOIN LATERAL (
     SELECT c.* FROM chunks c
     WHERE {_OPEN_CHUNK}
-    ORDER BY {_EDF} LIMIT 1
+    ORDER BY {_CHUNK_ORDER} LIMIT 1
     FOR UPDATE OF c SKIP LOCKED
 ) c
 JOIN batches b ON b.id = c.batch_id
@@ -258,6 +260,7 @@ def _claim(
                 input_file_id=row.input_file_id,
                 billing=Billing(row.billing),
                 expires_at=row.batch_expires_at,
+                output_validation=bool(row.output_validation),
             )
             claims.append(Claim(batch, row.chunk, items))
     for lane in sorted(served):
@@ -537,11 +540,18 @@ def drop_chunks(conn: Connection, batch_id: str) -> None:
         )
 
 
+def _paused(conn: Connection, batch_id: str) -> bool:
+    """Read after the chunk's lock: a pause holds every chunk of its batch while it commits
+    (batch_controls.py), so this sees a pause that raced the line's return."""
+    b = t.batches
+    return conn.execute(select(b.c.paused_at).where(b.c.id == batch_id)).scalar() is not None
+
+
 def _reopen(
     conn: Connection, dialect: Dialect, chunks: Mapping[tuple[str, int], float | None]
 ) -> None:
     """Lines of these chunks went back to the queue (with a not-before time, or None): a taken
-    chunk is ready again, and its lane counts it."""
+    chunk is ready again, and its lane counts it; a paused batch's is held instead."""
     c = t.chunks
     reopened: Counter[tuple[str, str]] = Counter()
     for (batch_id, chunk), not_before in sorted(chunks.items()):
@@ -550,7 +560,11 @@ def _reopen(
         row = conn.execute(dialect.for_update(query)).first()
         if row is None:
             continue  # the batch stopped running: its chunks are gone
-        if row.state == ChunkState.TAKEN:
+        if row.state == ChunkState.TAKEN and _paused(conn, batch_id):
+            conn.execute(
+                update(c).where(key).values(state=ChunkState.PAUSED, not_before=not_before)
+            )
+        elif row.state == ChunkState.TAKEN:
             conn.execute(update(c).where(key).values(state=ChunkState.READY, not_before=not_before))
             reopened[(row.model, row.org_id)] += 1
         elif row.not_before is not None:

@@ -206,7 +206,15 @@ class OverviewQueries(SqlBase):
 
     async def org_credits(self, after: str | None, limit: int) -> Page[OrgCredit]:
         o = t.orgs
-        query = select(o.c.id, o.c.name, o.c.created_at, o.c.weight, o.c.balance, o.c.reserved)
+        query = select(
+            o.c.id,
+            o.c.name,
+            o.c.created_at,
+            o.c.weight,
+            o.c.max_priority,
+            o.c.balance,
+            o.c.reserved,
+        )
         async with self.engine.connect() as conn:
             if after:
                 created = (

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from backfill.adapters.db import tables as t
+from backfill.adapters.db.batch_controls import rescue
 from backfill.adapters.db.engine import SqlBase
 from backfill.adapters.db.engine_health import report_from_row
 from backfill.domain.lifecycle import BatchStatus, ItemState
@@ -63,6 +64,9 @@ _RUNNING = (
         _b.c.created_at,
         _b.c.expires_at,
         _b.c.estimated_completion_at,
+        _b.c.priority,
+        _b.c.urgent,
+        _b.c.paused_at,
     )
     .join_from(_b, _o, _o.c.id == _b.c.org_id)
     .where(_b.c.status == BatchStatus.IN_PROGRESS)
@@ -183,6 +187,9 @@ class PlanningQueries(SqlBase):
                     created_at=int(row.created_at),
                     expires_at=int(row.expires_at),
                     estimate=row.estimated_completion_at,
+                    priority=int(row.priority),
+                    urgent=bool(row.urgent),
+                    paused=row.paused_at is not None,
                 )
                 for row in running
             ],
@@ -201,6 +208,8 @@ class PlanningQueries(SqlBase):
                     .values(estimated_completion_at=bindparam("b_eta")),
                     [{"b_id": k, "b_eta": v} for k, v in sorted(plan.estimates.items())],
                 )
+            # Batches and their chunks (before lanes): what the plan rescues, or no longer must.
+            await rescue(conn, plan.urgent, plan.calm)
             if plan.lanes:
                 await conn.execute(
                     update(ln)

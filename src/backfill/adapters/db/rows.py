@@ -56,7 +56,13 @@ def model_of(row: Any, aliases: frozenset[str] = frozenset()) -> CatalogModel:
 
 
 def org_of(row: Any) -> Org:
-    return Org(id=row.id, name=row.name, created_at=row.created_at, weight=row.weight)
+    return Org(
+        id=row.id,
+        name=row.name,
+        created_at=row.created_at,
+        weight=row.weight,
+        max_priority=row.max_priority,
+    )
 
 
 def batch_of(row: Any) -> BatchRecord:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from backfill.adapters.db.accounts import AccountQueries
 from backfill.adapters.db.audit import AuditQueries
+from backfill.adapters.db.batch_controls import BatchControlQueries
 from backfill.adapters.db.batches import BatchQueries
 from backfill.adapters.db.claims import ClaimQueries
 from backfill.adapters.db.demand import DemandQueries
 from backfill.adapters.db.engine_configs import EngineConfigQueries
 from backfill.adapters.db.engine_health import EngineHealthQueries
+from backfill.adapters.db.estimates import EstimateQueries
 from backfill.adapters.db.files import FileQueries
 from backfill.adapters.db.finalizing import FinalizeQueries
 from backfill.adapters.db.keyring import KeyringQueries
@@ -29,6 +31,9 @@ from backfill.adapters.db.spend_caps import SpendCapQueries
 class SqlStore(
     AccountQueries,
     AuditQueries,
+    BatchControlQueries,
+    # Before BatchQueries, which it builds on (admission's snapshot).
+    EstimateQueries,
     BatchQueries,
     ClaimQueries,
     DemandQueries,

@@ -25,7 +25,8 @@ from sqlalchemy import (
 from backfill.domain.catalog import Billing
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS
 from backfill.domain.files import FileStatus, InputFormat
-from backfill.domain.scheduling.claim_model import EDF_ORDER, INDEXED_TURN, ChunkState
+from backfill.domain.priority import DEFAULT_MAX_PRIORITY
+from backfill.domain.scheduling.claim_model import CHUNK_ORDER, INDEXED_TURN, ChunkState
 from backfill.domain.scheduling.planning import NOT_URGENT
 
 metadata = MetaData()
@@ -51,6 +52,8 @@ orgs = Table(
     Column("webhook_secret_older_rotated_at", BigInteger),
     # Where terminal-state emails go; null: none.
     Column("notify_email", String(320)),
+    # The highest priority its batches may be given (domain/priority.py).
+    Column("max_priority", Integer, nullable=False, server_default=str(DEFAULT_MAX_PRIORITY)),
 )
 
 # Public model revisions and private deployments (owner_org_id set).
@@ -272,6 +275,13 @@ batches = Table(
     Column("results_seq", BigInteger, nullable=False, server_default="0"),
     # The batch this one reruns the failed, expired and cancelled lines of.
     Column("retry_of", String(64)),
+    # Higher first within its org's lane (domain/priority.py); paused: claims take none of it.
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("paused_at", BigInteger),
+    # The planner found it about to miss its window: it goes before higher priorities.
+    Column("urgent", Boolean, nullable=False, server_default=false()),
+    # Each answer is checked against its line's response_format schema.
+    Column("output_validation", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("org_id", "idempotency_key", name="uq_batches_idempotency"),
     Index("ix_batches_org_seq", "org_id", "seq"),
     # The lifecycle reads batches by status, and in-progress ones by deadline: never them all.
@@ -349,15 +359,17 @@ chunks = Table(
     Column("model", String(256), nullable=False),
     Column("org_id", String(64), nullable=False),
     Column("expires_at", BigInteger, nullable=False),
+    # Lower first: the batch's claim rank (domain/priority.py, claim_rank).
+    Column("rank", Integer, nullable=False, server_default="0"),
     Column("state", SmallInteger, nullable=False, server_default="0"),
     # A line released with a backoff holds its whole chunk back until then.
     Column("not_before", Float),
-    # A lane's ready chunks in the claim's order (claim_model.EDF_ORDER).
+    # A lane's ready chunks in the claim's order (claim_model.CHUNK_ORDER).
     Index(
         "ix_chunks_ready",
         "model",
         "org_id",
-        *EDF_ORDER,
+        *CHUNK_ORDER,
         sqlite_where=text(f"state = {ChunkState.READY:d}"),
         postgresql_where=text(f"state = {ChunkState.READY:d}"),
     ),

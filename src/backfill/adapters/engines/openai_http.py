@@ -15,6 +15,7 @@ import msgspec
 from opentelemetry import propagate, trace
 
 from backfill.adapters.engines.http1 import Http1Pool
+from backfill.domain.output_schema import json_schema_as_json_object
 from backfill.ports import EngineReply, EngineTimeout, EngineUnreachable
 
 
@@ -119,8 +120,12 @@ class OpenAIHttpEngine:
         connect_timeout_s: float = 5.0,
         api_key: str | None = None,
         priority: int | None = None,
+        json_schema_as_object: bool = False,
     ) -> None:
+        """``json_schema_as_object``: the engine takes a JSON Schema only as
+        ``{"type": "json_object", "schema": …}`` (llama-cpp-python's server)."""
         self.name = name
+        self._json_schema_as_object = json_schema_as_object
         # Sent with every request (vLLM priority scheduling; docs/scheduling.md).
         self._priority = priority
         self.base_url = base_url.rstrip("/")
@@ -172,9 +177,14 @@ class OpenAIHttpEngine:
     async def send(self, path: str, model: str, body: dict[str, Any]) -> EngineReply:
         payload = dict(body)
         payload["model"] = self._models.get(model, model)
+        # A line carries them only where the operator lets `stream` be ignored
+        # (limits.ignore_stream): the engine answers whole, as for every line.
         payload.pop("stream", None)
+        payload.pop("stream_options", None)
         if self._priority is not None:
             payload["priority"] = self._priority
+        if self._json_schema_as_object and "response_format" in payload:
+            payload = json_schema_as_json_object(payload)
         try:
             # msgspec writes ``msgspec.Raw`` field values (the line's own JSON) through unchanged.
             answer = await self._pool().post(path, msgspec.json.encode(payload), _trace_context())

@@ -19,7 +19,9 @@ from backfill.domain.engine_config import StoredEngine
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import Endpoint
+from backfill.domain.priority import check_cap
 from backfill.domain.records import ApiKey, Ledger, Org
+from backfill.errors import InvalidInput
 from backfill.services.audit import entry_id
 from backfill.services.bundle import Services
 from backfill.services.engine_admin import EngineAdmin
@@ -58,10 +60,11 @@ class OrgIn(BaseModel):
 
 
 class OrgPatch(BaseModel):
-    # Unknown fields are refused, never ignored; the weight's type and range are checked by
-    # the service, so the CLI and the API give the same answer.
+    # Unknown fields are refused, never ignored; the values' types and ranges are checked by
+    # the services, so the CLI and the API give the same answer.
     model_config = ConfigDict(extra="forbid")
-    weight: Any
+    weight: Any = None
+    max_priority: Any = None
 
 
 class KeyIn(BaseModel):
@@ -136,6 +139,7 @@ def org_object(org: Org) -> dict[str, Any]:
         "name": org.name,
         "created_at": org.created_at,
         "weight": org.weight,
+        "max_priority": org.max_priority,
     }
 
 
@@ -160,7 +164,23 @@ async def get_org(name: str, _: Admin, svc: Svc) -> Response:
 
 @router.patch("/orgs/{name}", dependencies=[audited("org.update", "name")])
 async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
-    return json_response(org_object(await svc.tenants.set_weight(name, body.weight)))
+    # A field sent as null is refused by its check, not taken as absent.
+    sent = body.model_fields_set
+    if not sent:
+        raise InvalidInput(
+            "Send 'weight' (fair share), 'max_priority' (the cap on its batches' priority) or "
+            "both.",
+            code="missing_required_parameter",
+            param="weight",
+        )
+    if "max_priority" in sent:
+        check_cap(body.max_priority)  # before anything changes: a refusal changes nothing
+    org = await svc.tenants.org(name)
+    if "weight" in sent:
+        org = await svc.tenants.set_weight(name, body.weight)
+    if "max_priority" in sent:
+        org = await svc.controls.set_max_priority(name, body.max_priority)
+    return json_response(org_object(org))
 
 
 @router.post("/keys", dependencies=[audited("key.create")])

@@ -15,8 +15,10 @@ from backfill.adapters.http.admin_caps import router as admin_caps_router
 from backfill.adapters.http.admin_views import router as admin_views_router
 from backfill.adapters.http.audit import AuditTrail
 from backfill.adapters.http.auth import FailureBrake, bearer, secret_matches
+from backfill.adapters.http.batch_controls import router as batch_controls_router
 from backfill.adapters.http.dashboard import router as dashboard_router
 from backfill.adapters.http.envelope import RequestIdMiddleware, install_error_handlers
+from backfill.adapters.http.estimate_routes import router as estimate_router
 from backfill.adapters.http.guard import EdgeGuard
 from backfill.adapters.http.openapi import document
 from backfill.adapters.http.progress_routes import router as progress_router
@@ -84,6 +86,8 @@ def create_app(
     if settings.tracing.otlp_endpoint:
         # Around the others, so the span covers the request id's and the guard's answers too.
         app.add_middleware(ServerSpans)
+    # First: its fixed path /v1/batches/estimate must not be read as a batch id.
+    app.include_router(estimate_router)
     app.include_router(router)
     app.include_router(results_router)
     app.include_router(progress_router)
@@ -93,6 +97,8 @@ def create_app(
     app.include_router(admin_views_router)
     app.include_router(admin_caps_router)
     app.include_router(dashboard_router)
+    # Last: its POST /v1/batches/{batch_id} must not capture another route's fixed path.
+    app.include_router(batch_controls_router)
 
     openapi = document(app)
 

@@ -16,7 +16,7 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from backfill.adapters.http import wire
+from backfill.adapters.http import estimate_wire, wire
 
 Schema = dict[str, Any]
 
@@ -108,6 +108,21 @@ OPERATIONS |= {
 # A batch's results over time, from when each was stored (adapters/http/progress_routes.py).
 OPERATIONS |= {
     ("get", "/v1/batches/{batch_id}/progress"): Operation(ok(ref(wire.BatchProgress))),
+}
+
+# What a creation would cost and decide, before it is made (adapters/http/estimate_routes.py).
+# A running batch's controls (batch_controls.py).
+OPERATIONS |= {
+    ("post", "/v1/batches/{batch_id}"): Operation(
+        ok(ref(wire.Batch)), body(JSON, ref(wire.UpdateBatchRequest))
+    ),
+    ("post", "/v1/batches/{batch_id}/pause"): Operation(ok(ref(wire.Batch))),
+    ("post", "/v1/batches/{batch_id}/resume"): Operation(ok(ref(wire.Batch))),
+}
+OPERATIONS |= {
+    ("post", "/v1/batches/estimate"): Operation(
+        ok(ref(estimate_wire.BatchEstimate)), body(JSON, ref(wire.CreateBatchRequest))
+    ),
 }
 
 ERROR_ANSWER = answer(

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from backfill.adapters.http import wire
-from backfill.domain.catalog import CatalogModel
+from backfill.domain.catalog import Billing, CatalogModel
 from backfill.domain.files import FileRecord
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.money import Prices, pico_to_usd
@@ -100,7 +100,21 @@ def batch_object(b: BatchRecord) -> dict[str, Any]:
                 if w is not None
                 else None
             ),
+            priority=b.priority,
+            paused_at=b.paused_at,
+            output_validation=b.output_validation,
+            cost=batch_cost(b),
         )
+    )
+
+
+def batch_cost(b: BatchRecord) -> wire.BatchCost | None:
+    """Its receipts so far and what it still holds, read with the batch (one row): a GPU-time
+    batch's charges are per deployment, not per batch, so it has none to show."""
+    if b.billing == Billing.GPU_TIME:
+        return None
+    return wire.BatchCost(
+        unit="usd", charged=pico_to_usd(b.charged), reserved=pico_to_usd(b.reserved)
     )
 
 

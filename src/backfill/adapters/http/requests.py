@@ -13,6 +13,7 @@ from backfill.domain.batch_request import CreateBatchRequest
 from backfill.domain.decode_errors import Broken, DecodeProblem, explain
 from backfill.domain.files import MAX_EXPIRY_S, MIN_EXPIRY_S
 from backfill.domain.input_format import ENDPOINTS
+from backfill.domain.priority import MIN_PRIORITY
 from backfill.errors import InvalidInput
 
 MAX_METADATA_PAIRS = 16
@@ -25,12 +26,7 @@ MAX_REQUEST_DEPTH = 254
 def create_batch_request(raw: bytes) -> tuple[CreateBatchRequest, str]:
     """The body of ``POST /v1/batches``, and its hash: an Idempotency-Key replay must carry
     the same body (compared as sorted JSON, so key order and spacing do not matter)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("The request body must be a JSON object.", code="invalid_json")
+    body = json_object(raw, "a JSON object")
     request_hash = hashlib.sha256(_canonical(body)).hexdigest()
     try:
         request = msgspec.convert(body, CreateBatchRequest)
@@ -42,6 +38,18 @@ def create_batch_request(raw: bytes) -> tuple[CreateBatchRequest, str]:
     if request.output_expires_after is not None:
         _check_expiry_seconds(request.output_expires_after.seconds)
     return request, request_hash
+
+
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """``raw`` decoded, if it is a JSON object; else a 400 ``invalid_json`` saying that the
+    body must be ``what``."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"The request body must be {what}.", code="invalid_json")
+    return body
 
 
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> InvalidInput:
@@ -170,6 +178,25 @@ def _check_expiry_seconds(value: Any) -> None:
         )
 
 
+def _check_priority(value: Any) -> None:
+    # The org's cap is the batch service's to check; here only the shape.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _bad(
+            f"'priority' must be a whole number from {MIN_PRIORITY} to your organization's cap "
+            "(higher runs first).",
+            "priority",
+        )
+
+
+def _check_output_validation(value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise _bad(
+            "'output_validation' must be true or false: true checks each answer against its "
+            "line's response_format schema.",
+            "output_validation",
+        )
+
+
 # One rule per field of CreateBatchRequest (a unit test holds the two to the same names).
 FIELD_RULES: dict[str, Callable[[Any], None]] = {
     "input_file_id": _check_file_id,
@@ -178,4 +205,6 @@ FIELD_RULES: dict[str, Callable[[Any], None]] = {
     "metadata": _check_metadata,
     "webhook_url": _check_webhook_url,
     "output_expires_after": _check_expiry,
+    "priority": _check_priority,
+    "output_validation": _check_output_validation,
 }

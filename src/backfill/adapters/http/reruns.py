@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import orjson
@@ -13,7 +13,7 @@ from starlette.responses import Response
 from backfill.adapters.http.audit import audited
 from backfill.adapters.http.deps import principal, services
 from backfill.adapters.http.presenters import batch_object
-from backfill.adapters.http.requests import FIELD_RULES
+from backfill.adapters.http.requests import FIELD_RULES, json_object
 from backfill.adapters.http.responses import json_response
 from backfill.domain.decode_errors import Broken, explain
 from backfill.domain.reruns import RETRY_FIELDS, RetryBatchRequest
@@ -29,16 +29,7 @@ Svc = Annotated[Services, Depends(services)]
 def retry_batch_request(batch_id: str, raw: bytes) -> tuple[RetryBatchRequest, str]:
     """The optional body of a retry (none, or ``{}``: everything as the batch had it), and
     its hash: an Idempotency-Key replay must name the same batch with the same body."""
-    body: Any = {}
-    if raw.strip():
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-    if not isinstance(body, dict):
-        raise InvalidInput(
-            "The request body must be a JSON object (or empty).", code="invalid_json"
-        )
+    body = json_object(raw, "a JSON object (or empty)") if raw.strip() else {}
     try:
         request = msgspec.convert(body, RetryBatchRequest)
     except msgspec.ValidationError as exc:

@@ -22,6 +22,7 @@ from backfill.domain.endpoints import ENDPOINTS
 from backfill.domain.files import MAX_EXPIRY_S, MIN_EXPIRY_S, FilePurpose, FileStatus
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.notifications import Channel
+from backfill.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from backfill.domain.progress import MAX_POINTS
 from backfill.domain.spend_caps import CapScope, Period
 from backfill.domain.waiting import PRECEDENCE
@@ -152,6 +153,14 @@ class WaitingOn(msgspec.Struct):
     ]
 
 
+class BatchCost(msgspec.Struct):
+    """What a batch billed by tokens has cost so far and still holds reserved (docs/api.md)."""
+
+    unit: Literal["usd"]
+    charged: Annotated[Usd, Meta(description="The sum of its receipts so far.")]
+    reserved: Annotated[Usd, Meta(description="Still held of the credit; 0 once it ended.")]
+
+
 class Batch(msgspec.Struct):
     id: str
     object: Literal["batch"]
@@ -184,6 +193,20 @@ class Batch(msgspec.Struct):
     ]
     estimated_completion_at: int | None
     waiting_on: WaitingOn | None
+    priority: Annotated[
+        int, Meta(description="Higher runs first among the org's batches of the same model.")
+    ]
+    paused_at: Annotated[
+        int | None,
+        Meta(description="When the batch was paused (it claims no new lines); null: running."),
+    ]
+    output_validation: Annotated[
+        bool, Meta(description="Each answer is checked against its line's response_format.")
+    ]
+    cost: Annotated[
+        BatchCost | None,
+        Meta(description="null for a batch billed by GPU time (charged per deployment)."),
+    ]
 
 
 class BatchDeleted(msgspec.Struct):
@@ -260,6 +283,17 @@ class Receipt(msgspec.Struct):
     created_at: float
 
 
+Priority = Annotated[
+    int,
+    Meta(
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Higher runs first among the org's batches of the model; at most the org's "
+        "max_priority.",
+    ),
+]
+
+
 class OutputExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
     anchor: Literal["created_at"]
     seconds: Annotated[int, Meta(ge=MIN_EXPIRY_S, le=MAX_EXPIRY_S)]
@@ -279,6 +313,15 @@ class CreateBatchRequest(msgspec.Struct, forbid_unknown_fields=True):
         | UnsetType
     ) = UNSET
     output_expires_after: OutputExpiresAfter | UnsetType | None = UNSET
+    priority: Priority | UnsetType = UNSET
+    output_validation: (
+        Annotated[bool, Meta(description="Check each answer against its line's response_format.")]
+        | UnsetType
+    ) = UNSET
+
+
+class UpdateBatchRequest(msgspec.Struct, forbid_unknown_fields=True):
+    priority: Priority
 
 
 class RetryBatchRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -28,8 +28,9 @@ LANES_LOOKED_AT = 4 * LANES_PER_CLAIM
 # model only break ties, so that every claimer orders lanes alike.
 TURN_ORDER = ("urgent_by", "vtime", "org_id", "model")
 INDEXED_TURN = TURN_ORDER[:2]
-# A lane's chunks, earliest deadline first (``ix_chunks_ready`` after the model and org).
-EDF_ORDER = ("expires_at", "batch_id", "chunk")
+# A lane's chunks: by rank (a rescued batch first, then higher priorities; domain/priority.py),
+# then earliest deadline first (``ix_chunks_ready`` after the model and org).
+CHUNK_ORDER = ("rank", "expires_at", "batch_id", "chunk")
 
 
 class ChunkState(IntEnum):
@@ -39,6 +40,9 @@ class ChunkState(IntEnum):
     """It holds queued lines."""
     TAKEN = 1
     """All its lines are leased or done."""
+    PAUSED = 2
+    """Its batch is paused and it holds queued lines: no claim sees it, its lane does not
+    count it."""
 
 
 def turn_key(lane: Any) -> tuple[Any, ...]:
@@ -77,6 +81,7 @@ class ChunkView:
     """Its queued lines' indexes, each with the time before which it may not go (or None)."""
     state: ChunkState = ChunkState.READY
     not_before: float | None = None
+    rank: int = 0
     running: bool = True
     """Its batch is in progress."""
 
@@ -137,7 +142,7 @@ class ClaimOutcome:
 def turn(
     lanes: Sequence[LaneView], balances: Mapping[str, int], models: Collection[str], now: float
 ) -> list[tuple[LaneView, ChunkView]]:
-    """The lanes whose turn it is, each with its earliest-deadline open chunk: of the first
+    """The lanes whose turn it is, each with its first open chunk (``CHUNK_ORDER``): of the first
     ``LANES_LOOKED_AT`` claimable lanes in turn order, the first ``LANES_PER_CLAIM`` that have
     one."""
     waiting = sorted(
@@ -153,8 +158,8 @@ def turn(
     for lane in waiting[:LANES_LOOKED_AT]:
         open_chunks = [c for c in lane.chunks if c.open_at(now)]
         if open_chunks:
-            edf = min(open_chunks, key=lambda c: tuple(getattr(c, n) for n in EDF_ORDER))
-            picked.append((lane, edf))
+            first = min(open_chunks, key=lambda c: tuple(getattr(c, n) for n in CHUNK_ORDER))
+            picked.append((lane, first))
     return picked[:LANES_PER_CLAIM]
 
 

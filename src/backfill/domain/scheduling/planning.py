@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from backfill.domain.engine_health import EngineReport, replicas_up, start_delays
+from backfill.domain.priority import claim_rank
 from backfill.domain.scheduling.waits import lane_waits
 from backfill.domain.waiting import LaneWait
 
@@ -96,6 +97,16 @@ class RunningBatch:
     expires_at: int
     estimate: int | None
     """The estimated completion time stored now."""
+    priority: int = 0
+    urgent: bool = False
+    """The last plan rescued it: its lines go before higher priorities of its lane."""
+    paused: bool = False
+    """Claims take none of its lines: it is projected to finish never (until resumed)."""
+
+    def turn(self, *, rescue: bool = True) -> tuple[int, int, str]:
+        """Where it stands among its lane's batches, as claims take them (the chunks' rank,
+        then earliest deadline); ``rescue=False``: as if no batch were rescued."""
+        return (claim_rank(self.priority, self.urgent and rescue), self.expires_at, self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +144,15 @@ class Plan:
     marks), or whose mark moved while their model is idle."""
     estimates: dict[str, int | None]
     """Only batches whose estimate changed (None: unknown)."""
+    urgent: frozenset[str] = frozenset()
+    """Batches to rescue that were not: they go before higher priorities of their lane."""
+    calm: frozenset[str] = frozenset()
+    """Rescued batches that no longer need it: back to their priority's place."""
 
     @property
     def empty(self) -> bool:
         """Nothing to store."""
-        return not (self.rates or self.lanes or self.estimates)
+        return not (self.rates or self.lanes or self.estimates or self.urgent or self.calm)
 
 
 def measure(
@@ -206,9 +221,12 @@ class _Lanes:
         return self._done[k] + vtime * self._weight_after[k]
 
 
-def project(batches: Sequence[RunningBatch], rps: float, now: float) -> dict[str, float]:
+def project(
+    batches: Sequence[RunningBatch], rps: float, now: float, *, rescue: bool = True
+) -> dict[str, float]:
     """When each of one model's batches finishes, every lane at its weighted fair share and
-    each lane's batches earliest deadline first (as claims take them).
+    each lane's batches in their turn (``RunningBatch.turn``: rescued ones first, then by
+    priority, then earliest deadline first, as claims take them).
 
     Batch i of lane L, with P_i lines of L at or before it, finishes once the model has served
     Σ_j min(R_j, P_i · w_j / w_L) lines: lane j gets w_j / w_L lines for each of L's, until it
@@ -223,7 +241,7 @@ def project(batches: Sequence[RunningBatch], rps: float, now: float) -> dict[str
     finishes: dict[str, float] = {}
     for org, lane in by_lane.items():
         ahead = 0
-        for batch in sorted(lane, key=lambda b: (b.expires_at, b.id)):
+        for batch in sorted(lane, key=lambda b: b.turn(rescue=rescue)):
             ahead += batch.remaining
             finishes[batch.id] = now + lanes.work_until(ahead / weights[org]) / rps
     return finishes
@@ -240,22 +258,26 @@ def urgent_lanes(
     rps: float,
     now: float,
     margin_fraction: float,
-) -> dict[str, int]:
-    """Lanes (by org) to serve before the others, each with the deadline to order them by.
+) -> tuple[dict[str, int], set[str]]:
+    """Lanes (by org) to serve before the others, each with the deadline to order them by;
+    and the batches to rescue, which go before higher priorities of their own lane.
 
-    A lane is urgent when one of its batches is projected to finish later than its deadline
-    less the margin. A batch that would miss even with the model to itself is left out: giving
-    it priority would only make the others late as well.
+    A batch is late when it is projected to finish later than its deadline less the margin
+    (``finishes``: projected without rescues, so that a rescue that works does not undo
+    itself); its lane is urgent. A batch that would miss even with the model to itself is left
+    out: giving it priority would only make the others late as well.
     """
     ahead: dict[str, int] = defaultdict(int)
     urgent: dict[str, int] = {}
+    rescued: set[str] = set()
     for batch in sorted(batches, key=lambda b: (b.org_id, b.expires_at, b.id)):
         ahead[batch.org_id] += batch.remaining
         late = finishes[batch.id] > batch.expires_at - margin_s(batch, margin_fraction)
         hopeless = now + ahead[batch.org_id] / rps > batch.expires_at
         if late and not hopeless:
             urgent[batch.org_id] = min(urgent.get(batch.org_id, NOT_URGENT), batch.expires_at)
-    return urgent
+            rescued.add(batch.id)
+    return urgent, rescued
 
 
 def estimate_changed(old: int | None, new: int | None, now: float) -> bool:
@@ -281,6 +303,8 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
     rates: list[ModelRate] = []
     lane_plans: list[LanePlan] = []
     estimates: dict[str, int | None] = {}
+    to_rescue: set[str] = set()
+    to_calm: set[str] = set()
     for model in sorted(lanes_of.keys() | running_of.keys()):
         lanes = lanes_of.get(model, [])
         running = running_of.get(model, [])
@@ -294,17 +318,26 @@ def plan(inputs: PlanInputs, now: float, margin_fraction: float) -> Plan:
             rates.append(rate)
         finishes: dict[str, float] = {}
         urgent: dict[str, int] = {}
+        rescued: set[str] = set()
+        # A paused batch is served nothing: it neither delays the others nor finishes.
+        active = [batch for batch in running if not batch.paused]
         if rate.rps:
             start = now + delays.get(model, 0.0)
-            finishes = project(running, rate.rps, start)
-            urgent = urgent_lanes(running, finishes, rate.rps, start, margin_fraction)
+            unrescued = project(active, rate.rps, start, rescue=False)
+            urgent, rescued = urgent_lanes(active, unrescued, rate.rps, start, margin_fraction)
+            # Estimates as claims will take the lines from now on: this plan's rescues.
+            planned = [replace(batch, urgent=batch.id in rescued) for batch in active]
+            finishes = project(planned, rate.rps, start)
+        was_rescued = {batch.id for batch in running if batch.urgent}
+        to_rescue |= rescued - was_rescued
+        to_calm |= was_rescued - rescued
         for batch in running:
             new = math.ceil(finishes[batch.id]) if batch.id in finishes else None
             if estimate_changed(batch.estimate, new, now):
                 estimates[batch.id] = new
         waits = lane_waits(lanes, running, inputs.leased, {model: rate.rps}, now)
         lane_plans += _with_waits(_lane_plans(lanes, grown, busy, urgent), lanes, waits)
-    return Plan(rates, lane_plans, estimates)
+    return Plan(rates, lane_plans, estimates, frozenset(to_rescue), frozenset(to_calm))
 
 
 def _with_waits(

@@ -20,6 +20,7 @@
  *   metadata?: Record<string, string> | null,
  *   errors?: { data?: { code?: string, message?: string }[] } | null,
  *   estimated_completion_at?: number | null,
+ *   priority?: number, paused_at?: number | null, output_validation?: boolean,
  *   created_at: number, expires_at?: number | null, in_progress_at?: number | null,
  *   cancelling_at?: number | null, finalizing_at?: number | null, completed_at?: number | null,
  *   failed_at?: number | null, expired_at?: number | null, cancelled_at?: number | null,

@@ -137,6 +137,9 @@ function metadata(batch) {
     ["Completion window", batch.completion_window],
     ["Input file", batch.input_file_id],
     batch.retry_of ? ["Reruns", h("a", { href: `#/batch/${encodeURIComponent(batch.retry_of)}` }, batch.retry_of)] : null,
+    ["Priority", String(batch.priority ?? 0)],
+    batch.paused_at ? ["Paused since", time(batch.paused_at)] : null,
+    batch.output_validation ? ["Answers checked", "against each line's response_format schema"] : null,
     batch.webhook_url ? ["Webhook", batch.webhook_url] : null,
     ...entries.map(([k, v]) => /** @type {[string, Child]} */ ([k, v])),
   ];
@@ -352,6 +355,17 @@ export function batchView(root, context, batchId) {
     const terminal = TERMINAL.has(batch.status);
     const cancellable = !terminal && batch.status !== "cancelling";
     const rerunnable = terminal && (batch.status !== "completed" || batch.request_counts.failed > 0);
+    // Only a batch that can still start requests can be paused, resumed or reprioritised.
+    const controllable = batch.status === "validating" || batch.status === "in_progress";
+    const paused = Boolean(batch.paused_at);
+    const priorityInput = h("input", {
+      type: "number",
+      id: "priority-input",
+      step: "1",
+      value: String(batch.priority ?? 0),
+      "aria-label": "Priority (higher runs first among your organization's batches)",
+      disabled: !writable || !controllable,
+    });
     const reason = writable ? null : h("p", { class: "hint", id: "read-only-reason" }, context.readOnlyReason());
     const buttons = [
       h(
@@ -400,6 +414,37 @@ export function batchView(root, context, batchId) {
         },
         "Rerun failed lines",
       ),
+      h(
+        "button",
+        {
+          type: "button",
+          id: paused ? "resume" : "pause",
+          class: "secondary",
+          disabled: !writable || !controllable,
+          "aria-describedby": writable ? null : "read-only-reason",
+          onclick: () =>
+            act(paused ? "Resuming…" : "Pausing…", () => postJson(`/v1/batches/${encodeURIComponent(batchId)}/${paused ? "resume" : "pause"}`, {}), render),
+        },
+        paused ? "Resume" : "Pause",
+      ),
+      h(
+        "span",
+        { class: "inline-control" },
+        priorityInput,
+        h(
+          "button",
+          {
+            type: "button",
+            id: "set-priority",
+            class: "secondary",
+            disabled: !writable || !controllable,
+            "aria-describedby": writable ? null : "read-only-reason",
+            onclick: () =>
+              act("Changing the priority…", () => postJson(`/v1/batches/${encodeURIComponent(batchId)}`, { priority: Number(/** @type {HTMLInputElement} */ (priorityInput).value) }), render),
+          },
+          "Set priority",
+        ),
+      ),
     ];
     replace(actions, buttons, reason);
   }
@@ -412,7 +457,9 @@ export function batchView(root, context, batchId) {
     replace(status, statusBadge(batch.status));
     replace(waiting, waitingNote(batch.waiting_on));
     if (!actions.contains(document.activeElement)) renderActions(batch);
-    else {
+    else if (/** @type {Element} */ (document.activeElement).id === "priority-input") {
+      // A priority being typed is kept until it is set.
+    } else {
       // Keep the focused button in place; only its state changes.
       const focused = /** @type {Element} */ (document.activeElement).id;
       renderActions(batch);

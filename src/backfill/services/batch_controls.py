@@ -1,0 +1,64 @@
+"""A running batch's controls for its owner: priority, pause and resume (docs/api.md,
+"Priority and pause"); and each org's priority cap, for administrators."""
+
+from __future__ import annotations
+
+from backfill.domain import priority as prio
+from backfill.domain.lifecycle import BatchStatus
+from backfill.domain.records import BatchRecord, Org
+from backfill.errors import Conflict, NotFound
+from backfill.ports import BatchControlStore, Clock, TenantStore
+from backfill.services.batches import BatchService
+from backfill.services.tenants import find_org
+
+
+class BatchControls:
+    def __init__(
+        self,
+        store: BatchControlStore,
+        tenants: TenantStore,
+        batches: BatchService,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._tenants = tenants
+        self._batches = batches
+        self._clock = clock
+
+    async def set_priority(self, org_id: str, batch_id: str, priority: object) -> BatchRecord:
+        """Give the batch ``priority``: its lines move in its org's queue at once."""
+        batch = await self._batches.get(org_id, batch_id)
+        checked = await self._batches.checked_priority(org_id, priority)
+        if await self._store.set_priority(batch.id, checked) is None:
+            raise _ended(batch, "change its priority")
+        return await self._batches.get(org_id, batch_id)
+
+    async def pause(self, org_id: str, batch_id: str) -> BatchRecord:
+        """Start none of its lines until it is resumed; those running finish."""
+        batch = await self._batches.get(org_id, batch_id)
+        if await self._store.pause(batch.id, int(self._clock.now())) is None:
+            raise _ended(batch, "pause it")
+        return await self._batches.get(org_id, batch_id)
+
+    async def resume(self, org_id: str, batch_id: str) -> BatchRecord:
+        batch = await self._batches.get(org_id, batch_id)
+        if await self._store.resume(batch.id) is None:
+            raise _ended(batch, "resume it")
+        return await self._batches.get(org_id, batch_id)
+
+    async def set_max_priority(self, name: str, cap: object) -> Org:
+        """The highest priority org ``name``'s batches may be given."""
+        checked = prio.check_cap(cap)
+        org = await find_org(self._tenants, name)
+        if not await self._store.set_max_priority(org.id, checked):
+            raise NotFound(f"No organization named {name!r}; create it first.")
+        return await find_org(self._tenants, name)
+
+
+def _ended(batch: BatchRecord, what: str) -> Conflict:
+    status = batch.status.value if isinstance(batch.status, BatchStatus) else str(batch.status)
+    return Conflict(
+        f"Batch {batch.id} is {status}: only a validating or in-progress batch can {what}.",
+        code="batch_not_running",
+        param="batch_id",
+    )
