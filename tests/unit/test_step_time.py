@@ -114,6 +114,26 @@ def test_the_step_count_reads_the_running_sequences_when_they_jump_between_looks
     assert guessed.step_room > 1.5 * expected
 
 
+def test_looks_that_see_few_tokens_are_joined_until_they_make_a_sample() -> None:
+    # One sequence at a time, ten looks a second, 45 ms a step: two tokens a look, too few
+    # for a sample alone. Joined, the stretches still teach the step at one sequence.
+    limit = ConcurrencyLimit(16, Mode.SHARED, SharedTargets(slots=16, headroom=1))
+    total, count, steps, now = 0.0, 0.0, 0.0, 0.0
+    for i in range(400):
+        running = 1 if i < 200 else 6
+        per_look = 2 if running == 1 else 12
+        steps += per_look / running
+        count += per_look
+        total += per_look * (0.040 + 0.005 * running)
+        now += 0.1
+        load = Pressure(running, 0, itl_sum_s=total, itl_count=count, steps=steps)
+        limit.on_pressure(load, own=0, now=now)
+    curve = limit.steps.curve
+    assert curve is not None
+    assert curve.step_s(1) == pytest.approx(0.045, rel=0.01)
+    assert curve.step_s(6) == pytest.approx(0.070, rel=0.01)
+
+
 def test_nobody_on_the_engine_for_a_while_takes_everything() -> None:
     limit = ConcurrencyLimit(16, Mode.SHARED, SharedTargets(slots=16, idle_after_s=5))
     limit.on_pressure(Pressure(running=2, waiting=0), own=0, now=0.0)
@@ -259,3 +279,31 @@ def test_a_bend_that_dips_to_nothing_is_read_as_the_line() -> None:
     assert curve is not None
     assert curve.per_seq2_s == 0
     assert curve.base_s > 0
+
+
+def test_a_count_run_a_while_ago_is_remembered_while_the_engine_sits_at_another() -> None:
+    # 1, then 4, then 8 sequences, ten seconds of looks each (a real vLLM run's steps on
+    # two cores, which bend downwards: the line through them is what can be had).
+    # Forgetting over time alone kept a line through 4 and 8 that put one sequence's step
+    # 75% too high; each count keeps what it knew until it is seen again.
+    model = StepTimeModel()
+    for n, step in ((1, 0.050), (4, 0.121), (8, 0.166)):
+        for _ in range(100):
+            model.observe(n, step, tokens=6)
+    curve = model.curve
+    assert curve is not None
+    for n, step in ((1, 0.050), (4, 0.121), (8, 0.166)):
+        assert curve.step_s(n) / step == pytest.approx(1.0, abs=0.2)
+
+
+def test_a_count_not_seen_again_fades() -> None:
+    model = StepTimeModel()
+    for _ in range(100):
+        for n in (2, 6, 10):
+            model.observe(n, 0.050 + 0.002 * n, tokens=16)  # a neighbour on its cores
+    for _ in range(1000):
+        for n in (3, 7, 11):
+            model.observe(n, 0.020 + 0.002 * n, tokens=16)  # gone, and other counts run
+    curve = model.curve
+    assert curve is not None
+    assert curve.step_s(2) == pytest.approx(0.024, rel=0.02)

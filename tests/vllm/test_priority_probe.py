@@ -12,6 +12,7 @@ import pytest
 from backfill.adapters.engines.pressure import Flavor, parse
 from backfill.adapters.engines.priority_probe import VllmPriorityProbe
 from backfill.domain.engine_health import PriorityOutcome
+from backfill.runner.engine_pool import PRIORITY_TRIES
 from bench import vllm
 from tests.support.waits import eventually
 from tests.vllm.conftest import require_vllm
@@ -37,12 +38,26 @@ async def test_the_probe_tells_whether_vllm_applies_priority(
     engine = vllm.start_vllm(tmp_path / "vllm.log", max_num_seqs=SLOTS, policy=policy)
     try:
         probe = VllmPriorityProbe(engine.base_url, vllm.SERVED_MODEL, SLOTS, 10)
+        assert await told(probe, engine, policy) == expected, probe.unknown_reason
+        # A second look agrees.
+        assert await told(probe, engine, policy) == expected, probe.unknown_reason
+    finally:
+        engine.stop()
+
+
+async def told(
+    probe: VllmPriorityProbe, engine: vllm.VllmProcess, policy: str
+) -> PriorityOutcome | None:
+    """What the probe tells within the tries the worker gives it: one that cannot tell (a
+    busy machine, the slots not all held) is tried again, as the worker does; one that tells
+    must tell right the first time it does."""
+    outcome = None
+    for _ in range(PRIORITY_TRIES):
+        # The fillers of a try before were ended: the engine is soon idle again.
+        await eventually(lambda: _idle(engine), timeout_s=10, interval_s=0.2)
         outcome = await probe.check()
         # What the probe measured, for the record (pytest -s, or -o log_cli=true).
         print(f"\n{policy}: {outcome} {probe.unknown_reason or ''} {probe.timings}")
-        assert outcome == expected, probe.unknown_reason
-        # The fillers were ended: the engine is soon idle again, and a second look agrees.
-        await eventually(lambda: _idle(engine), timeout_s=10, interval_s=0.2)
-        assert await probe.check() == expected, probe.unknown_reason
-    finally:
-        engine.stop()
+        if outcome is not None:
+            break
+    return outcome

@@ -4,7 +4,9 @@ engine runs 1, then 4, then 8 sequences at a time, it predicts the step the engi
 each level. (How much a sequence adds is the engine's own and need not be a line: on this
 machine kind's two cores with SmolLM2-135M, one run measured 42 ms a step at one sequence
 and 47 ms at four and at eight; another, on another CPU, 35, 38 and 70 ms, where a line
-through them was off by a third at one sequence.)"""
+through them was off by a third at one sequence; a third 51, 121 and 166 ms, where a fit
+that forgot one sequence while the engine ran four and eight put it 75% too high. The
+levels run one after another, as an engine the governor holds at one count for a while.)"""
 
 from __future__ import annotations
 

@@ -33,10 +33,12 @@ SETTLE_TIMEOUT_S = 10.0
 GAP_S = 0.02
 # The fillers' lengths: the first frees its slot after FILLER_TOKENS tokens, each next one
 # FILLER_STEP tokens later. The first must outlast the probe's own reads and sends (a few
-# polls) on a fast engine; the step keeps two slots from freeing in the same engine step, so
-# X and Y never start together. Fillers are cancelled as soon as X or Y answers: the longer
-# ones never run to their end.
-FILLER_TOKENS = 32
+# polls, two requests through the engine's HTTP server) on a fast engine and on a busy
+# machine: 32 tokens, about a second on two CPU cores, once ended before X and Y were seen
+# queued. The step keeps two slots from freeing in the same engine step, so X and Y never
+# start together. Fillers are cancelled as soon as X or Y answers: the longer ones never
+# run to their end, and the engine is idle while the probe holds it.
+FILLER_TOKENS = 64
 FILLER_STEP = 4
 # How long X or Y may take to answer once both are queued: about the first filler's length.
 # The engine's load is not followed meanwhile (the probe runs in the task that follows it).

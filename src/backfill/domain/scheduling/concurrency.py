@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
-from backfill.domain.scheduling.step_time import StepTimeModel
+from backfill.domain.scheduling.step_time import MIN_TOKENS, StepTimeModel
 
 
 class Mode(StrEnum):
@@ -159,7 +159,10 @@ class ConcurrencyLimit:
         before = self.limit
         interactive = max(0.0, pressure.running + pressure.waiting - own)
         self.pressure = interactive
-        self._learn_steps(pressure)
+        # The look a stretch starts from moves on only once the stretch made a sample: at one
+        # sequence and ten looks a second a look sees two tokens, too few alone, so looks are
+        # joined until they hold enough (without it the fit never saw one sequence at all).
+        moves_on = self._learn_steps(pressure)
         if self._first_look_at is None:
             self._first_look_at = now
         if interactive > 0:
@@ -187,7 +190,8 @@ class ConcurrencyLimit:
         if pressure.kv_usage is not None and pressure.kv_usage > self.targets.kv_target:
             limit = min(limit, own)
         self.limit = max(0, min(self.maximum, limit))
-        self._last = pressure
+        if moves_on:
+            self._last = pressure
         return self.limit != before
 
     def to_give_back(self, pressure: Pressure, own: int, now: float) -> int:
@@ -228,9 +232,10 @@ class ConcurrencyLimit:
         since = self._people_seen_at if self._people_seen_at is not None else self._first_look_at
         return self.pressure == 0 and since is not None and now - since >= self.targets.idle_after_s
 
-    def _learn_steps(self, pressure: Pressure) -> None:
+    def _learn_steps(self, pressure: Pressure) -> bool:
         """One sample of step time against running sequences, from the inter-token latency
-        histogram's growth since the last scrape."""
+        histogram's growth since the look the stretch started at; False while the stretch
+        holds too few tokens to make one (it goes on from the same look)."""
         last = self._last
         if (
             last is None
@@ -239,10 +244,12 @@ class ConcurrencyLimit:
             or last.itl_sum_s is None
             or last.itl_count is None
         ):
-            return
+            return True
         tokens = pressure.itl_count - last.itl_count
-        if tokens <= 0:
-            return
+        if 0 <= tokens < MIN_TOKENS:
+            return False
+        if tokens < 0:
+            return True  # the engine restarted: its counters began again
         mean_step = (pressure.itl_sum_s - last.itl_sum_s) / tokens
         # The sequences that ran between the two looks: the tokens over the steps that made
         # them. The running gauge is only seen at the two ends, and their mean misreads a
@@ -253,6 +260,7 @@ class ConcurrencyLimit:
             if steps > 0:
                 running = tokens / steps
         self.steps.observe(running, mean_step, tokens)
+        return True
 
     def on_metrics_lost(self) -> None:
         """The engine's metrics could not be read: follow latency until they come back."""

@@ -10,14 +10,23 @@ The step need not grow in a line. On two cores, vLLM's step stayed near 36 ms fr
 four sequences and doubled at eight, once its sequences no longer fitted the cores (a GPU
 bends the same way, where decode turns from memory-bound to compute-bound); a line through
 those three levels was a third short at one sequence. So the model is a curve that may bend
-upwards, ``step(n) = base + per_seq * n + per_seq2 * n²``, fitted by least squares over recent
-samples, each weighted by the tokens it covers and forgotten geometrically so an engine that
-changed (another model, a neighbour on its cores) is followed. It is a line (``per_seq2``
-0) until the samples spread over enough running counts to show a bend, and whenever the
-bend they show is downwards: more sequences never make a step shorter, so a curve that
-would fall is noise. A sample is the mean time between two tokens over a stretch (vLLM's
-``inter_token_latency_seconds`` histogram, its sum and count between two scrapes) with the
-mean number of running sequences over the same stretch.
+upwards, ``step(n) = base + per_seq * n + per_seq2 * n²``, fitted by least squares over the
+samples, each weighted by the tokens it covers.
+
+Samples are remembered per running count. A new sample at a count replaces what that count
+knew (over its last twenty samples or so), and every sample ages all counts a little, so an
+engine that changed (another model, a neighbour on its cores) is followed within a minute or
+so. Forgetting over time alone would forget the curve's shape: an engine runs near one count
+for a long while (the governor holds it there), and after half a minute at four and eight
+sequences the samples at one were nearly gone, leaving a line through four and eight that
+overstated the step at one by three quarters (seen on a real vLLM run at 1, then 4, then 8
+sequences).
+
+The curve is a line (``per_seq2`` 0) until the samples spread over enough running counts to
+show a bend, and whenever the bend they show is downwards: more sequences never make a step
+shorter, so a curve that would fall is noise. A sample is the mean time between two tokens
+over a stretch (vLLM's ``inter_token_latency_seconds`` histogram, its sum and count between
+two scrapes) with the mean number of running sequences over the same stretch.
 
 Pure: no clock, no I/O.
 """
@@ -27,9 +36,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Each new sample multiplies the weight of what came before by this: the fit follows roughly
-# the last 1 / (1 - FORGET) samples (at ten scrapes a second, the last ten seconds or so).
-FORGET = 0.99
+# A new sample at a running count multiplies what that count knew by this: a count follows
+# roughly its last 1 / (1 - FORGET) samples.
+FORGET = 0.95
+# Every sample multiplies what every count knew by this: a count not seen again fades over
+# roughly 1 / (1 - AGE) samples (at ten looks a second, about a minute).
+AGE = 0.998
 # A slope is trusted once the samples spread over this many sequences (in standard
 # deviations of their running counts): a fit over one level says nothing about the next.
 MIN_SPREAD = 1.0
@@ -72,30 +84,34 @@ class StepCurve:
 
 
 class StepTimeModel:
-    def __init__(self, forget: float = FORGET) -> None:
+    def __init__(self, forget: float = FORGET, age: float = AGE) -> None:
         self._forget = forget
-        # Weighted sums: weight, then x, x², x³, x⁴, y, xy, x²y (x: running sequences, y:
-        # step seconds).
-        self._w = 0.0
-        self._sums = [0.0] * 7
+        self._age = age
+        # Per running count (the nearest whole sequence): weighted sums of weight, then x,
+        # x², x³, x⁴, y, xy, x²y (x: running sequences, y: step seconds).
+        self._counts: dict[int, list[float]] = {}
 
     def observe(self, running: float, step_s: float, tokens: float) -> None:
         """``tokens`` inter-token gaps averaged ``step_s`` while ``running`` sequences ran."""
         if tokens < MIN_TOKENS or step_s <= 0 or running < 0:
             return
-        f = self._forget
+        for sums in self._counts.values():
+            for i in range(len(sums)):
+                sums[i] *= self._age
+        sums = self._counts.setdefault(round(running), [0.0] * 8)
         w = math.sqrt(tokens)  # many tokens are a surer mean, but one scrape must not rule
         x, y = running, step_s
-        self._w = self._w * f + w
-        terms = (x, x * x, x**3, x**4, y, x * y, x * x * y)
-        self._sums = [s * f + w * t for s, t in zip(self._sums, terms, strict=True)]
+        terms = (1.0, x, x * x, x**3, x**4, y, x * y, x * x * y)
+        f = self._forget
+        sums[:] = [s * f + w * t for s, t in zip(sums, terms, strict=True)]
 
     @property
     def curve(self) -> StepCurve | None:
         """The fitted curve, or None until the samples spread over enough running counts."""
-        if self._w <= 0:
+        total = [sum(column) for column in zip(*self._counts.values(), strict=True)]
+        if not total or total[0] <= 0:
             return None
-        x, x2, x3, x4, y, xy, x2y = (s / self._w for s in self._sums)
+        x, x2, x3, x4, y, xy, x2y = (s / total[0] for s in total[1:])
         var_x = x2 - x * x
         if var_x < MIN_SPREAD * MIN_SPREAD:
             return None
