@@ -51,6 +51,14 @@ class Metrics:
             ["engine"],
             registry=r,
         )
+        self.engine_metrics_unread = Counter(
+            "backfill_engine_metrics_unread",
+            "Reads of a shared engine's /metrics that failed (timed out, refused, or without "
+            "the names followed): while they fail its limit follows latency, and people "
+            "waiting there get no slots given back.",
+            ["engine"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "backfill_engine_in_flight", "Requests in flight per engine.", ["engine"], registry=r
         )

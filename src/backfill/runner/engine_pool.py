@@ -16,14 +16,23 @@ from backfill.runner.slots import DOWN_REMINDER_S, WATCH_S, EngineSlot, Start
 
 log = logging.getLogger("backfill.runner")
 
-# A shared engine whose metrics cannot be read is looked at again this much later.
+# A shared engine whose metrics cannot be read is looked at again soon, then less and less
+# often, down to once this long: one slow read on a busy machine (a timeout) must not leave
+# the worker blind for seconds, while people wait for slots it would give back.
 _PROBE_RETRY_S = 5.0
+_FAILED_TO_SAY = 3
 # How often each engine's health is looked at while one is down (while all are up: WATCH_S).
 _WATCH_DOWN_S = 0.5
 # An engine busy (or otherwise unmeasurable) when its priority is probed is tried again this
 # much later, this many times in all; then it is reported as unknown.
 PRIORITY_RETRY_S = 30.0
 PRIORITY_TRIES = 4
+
+
+def look_again_in(interval_s: float, failed: int) -> float:
+    """When to read an engine's metrics again after ``failed`` reads in a row failed: the
+    interval, doubled with each failure, at most ``_PROBE_RETRY_S``."""
+    return min(_PROBE_RETRY_S, interval_s * 2.0**failed) if failed else interval_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +230,7 @@ class EnginePool:
         engine says it has none. First, where the engine has a priority probe, find out
         whether it applies the priority Backfill sends (tried while it is up, again while
         it is busy, a few times at most)."""
-        tries, next_try = 0, 0.0
+        tries, next_try, failed = 0, 0.0, 0
         while True:
             if priority is not None and slot.healthy and self._clock.monotonic() >= next_try:
                 tries += 1
@@ -235,8 +244,20 @@ class EnginePool:
                     "engine %s publishes no load metrics: its latency is followed", slot.engine.name
                 )
                 return
-            ok = pressure is not None
-            await asyncio.sleep(self._sharing.probe_interval_s if ok else _PROBE_RETRY_S)
+            if pressure is not None:
+                if failed >= _FAILED_TO_SAY:
+                    log.info("engine %s: its metrics can be read again", slot.engine.name)
+                failed = 0
+            else:
+                failed += 1
+                if failed == _FAILED_TO_SAY:  # one slow read on a busy machine is no news
+                    log.info(
+                        "engine %s: its metrics could not be read %d times in a row; its "
+                        "latency is followed until they can",
+                        slot.engine.name,
+                        failed,
+                    )
+            await asyncio.sleep(look_again_in(self._sharing.probe_interval_s, failed))
 
     async def _check_priority(self, slot: EngineSlot, probe: PriorityProbe, tries: int) -> bool:
         """One try of ``probe``; True when no other is due (the answer is known, or the

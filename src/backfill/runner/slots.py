@@ -70,6 +70,8 @@ class EngineSlot:
         self.switch = switch
         # Requests ended, ever: an engine started on demand is idle while this stands still.
         self.finished = 0
+        self.metrics_unread = 0
+        """Reads of the engine's metrics that failed (a shared engine's load, SPEC §9.5)."""
         self._start = start
         self._wake = wake
         self._in_flight = 0
@@ -198,6 +200,7 @@ class EngineSlot:
         """The engine's metrics were read (None: they could not be)."""
         governor = self.governor
         if pressure is None:
+            self.metrics_unread += 1
             before = governor.limit
             governor.on_metrics_lost()
             if governor.limit != before:

@@ -39,6 +39,7 @@ from backfill.runner.loops import Loops, Pace, end_within
 from backfill.runner.notify import Notifier
 from backfill.runner.on_demand import OnDemand
 from backfill.runner.request import RequestRunner
+from backfill.runner.slots import EngineSlot
 from backfill.runner.stored_engines import StoredEngines
 from backfill.services.planner import Planner
 from backfill.services.retention import Janitor
@@ -108,6 +109,7 @@ class Worker:
         self._loops = Loops()
         # The engines whose gauges ``observe`` set last.
         self._observed: set[str] = set()
+        self._unread_counted: dict[EngineSlot, int] = {}
 
     async def start(self) -> None:
         if self.parts.sole_worker:
@@ -174,11 +176,16 @@ class Worker:
         for gone in self._observed - names:
             metrics.forget_engine(gone)
         self._observed = names
+        self._unread_counted = {s: n for s, n in self._unread_counted.items() if s in slots}
         for slot in slots:
             name = slot.engine.name
             metrics.in_flight.labels(name).set(slot.in_flight)
             metrics.concurrency_limit.labels(name).set(slot.limit)
             metrics.engine_pressure.labels(name).set(slot.governor.pressure)
+            counted = self._unread_counted.get(slot, 0)
+            if slot.metrics_unread > counted:
+                metrics.engine_metrics_unread.labels(name).inc(slot.metrics_unread - counted)
+                self._unread_counted[slot] = slot.metrics_unread
             curve = slot.governor.steps.curve
             if curve is not None:
                 step = metrics.engine_step_seconds
