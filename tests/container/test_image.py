@@ -34,6 +34,7 @@ from tests.support import (
     jsonl,
     moto_endpoint,
     new_bucket,
+    sdk_wait_terminal,
     write_sim_config,
 )
 from tests.support.infra import missing_infrastructure
@@ -147,11 +148,7 @@ def drain(api: str, key: str, model: str, lines: int) -> list[dict[str, Any]]:
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    deadline = time.monotonic() + 300
-    while batch.status not in ("completed", "failed", "expired", "cancelled"):
-        assert time.monotonic() < deadline, f"the batch stayed {batch.status}"
-        time.sleep(1)
-        batch = client.batches.retrieve(batch.id)
+    batch = sdk_wait_terminal(client, batch, timeout_s=300, interval_s=1)
     assert batch.status == "completed", batch
     assert batch.output_file_id is not None
     output = client.files.content(batch.output_file_id).text

@@ -6,7 +6,6 @@ engine's answer (its served name), not the alias."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import openai
@@ -14,10 +13,10 @@ import pytest
 
 from tests.support import (
     SIM_MODEL,
-    TERMINAL,
     SimulatorProcess,
     chat_line,
     jsonl,
+    sdk_wait_terminal,
     serve_config,
     write_sim_config,
 )
@@ -59,11 +58,7 @@ request_timeout_s = 5.0
             input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         assert batch.model == SIM_MODEL
-        deadline = time.monotonic() + 120
-        while batch.status not in TERMINAL:
-            assert time.monotonic() < deadline, batch
-            time.sleep(0.2)
-            batch = client.batches.retrieve(batch.id)
+        batch = sdk_wait_terminal(client, batch)
         assert batch.status == "completed", batch
         assert batch.model == SIM_MODEL
         assert batch.request_counts is not None

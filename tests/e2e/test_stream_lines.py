@@ -7,17 +7,16 @@ line whose fields reached it would fail or arrive as server-sent events."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
 from tests.support import (
-    TERMINAL,
     SimulatorProcess,
     chat_line,
     jsonl,
+    sdk_wait_terminal,
     serve_config,
     write_sim_config,
 )
@@ -42,11 +41,7 @@ def test_stream_true_lines_drain_whole_where_it_is_ignored(
         batch = client.batches.create(
             input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        deadline = time.monotonic() + 120
-        while batch.status not in TERMINAL:
-            assert time.monotonic() < deadline, batch
-            time.sleep(0.2)
-            batch = client.batches.retrieve(batch.id)
+        batch = sdk_wait_terminal(client, batch)
         assert batch.status == "completed", batch
         assert batch.request_counts is not None
         assert (batch.request_counts.completed, batch.request_counts.failed) == (6, 0)

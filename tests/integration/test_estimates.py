@@ -22,7 +22,7 @@ import pytest
 from backfill.adapters.clock import ManualClock
 from backfill.domain.money import Prices, pico_to_usd, token_charge, usd_to_pico, worst_case
 from backfill.domain.scheduling.planning import ModelRate, Plan
-from backfill.settings import ModelSettings, PricingSettings
+from tests.integration.test_admission import EXPENSIVE, NO_ENGINE_URL
 from tests.support import (
     SIM_MODEL,
     SIM_PRICES,
@@ -36,20 +36,12 @@ from tests.support import (
     running_simulator,
 )
 
-NO_ENGINE_URL = "http://127.0.0.1:9/v1"
 TOKEN = "admin-token-for-estimate-tests-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 PRICES = Prices.of(SIM_PRICES.input, SIM_PRICES.cached_input, SIM_PRICES.output)
 NOW = 1_773_500_400.0
-# 1 USD per token: a line allowed 1,000 output tokens needs more than the 1,000 USD of credit.
-USD_PER_TOKEN = 10**12
-EXPENSIVE = ModelSettings(
-    id=SIM_MODEL,
-    model_config_id="sim-model-v1",
-    context_length=4096,
-    max_output_tokens=1024,
-    batch=PricingSettings(input=USD_PER_TOKEN, cached_input=USD_PER_TOKEN, output=USD_PER_TOKEN),
-)
+# EXPENSIVE's 1 USD per token: a line allowed 1,000 output tokens needs more than the 1,000 USD
+# of credit.
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

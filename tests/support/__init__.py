@@ -71,7 +71,7 @@ from tests.support.processes import (
     stop_all,
 )
 from tests.support.settings import sim_settings, slow_sim_model, write_sim_config
-from tests.support.waits import eventually, until, wait_terminal
+from tests.support.waits import eventually, sdk_wait_terminal, until, wait_terminal
 
 __all__ = [
     "ADMIN_TOKEN",
@@ -113,6 +113,7 @@ __all__ = [
     "rows_of",
     "running_simulator",
     "scale_out",
+    "sdk_wait_terminal",
     "serve_config",
     "serve_role",
     "sim_engine",

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
+import openai
+from openai.types import Batch
 
 from tests.support.lines import TERMINAL
 
@@ -66,3 +68,16 @@ async def wait_terminal(
         what=f"batch {batch_id} to end",
         interval_s=0.05,
     )
+
+
+def sdk_wait_terminal(
+    client: openai.OpenAI, batch: Batch, timeout_s: float = 120, interval_s: float = 0.2
+) -> Batch:
+    """The batch once its status is terminal, read through the official SDK's ``client``, as
+    a user's script polls it."""
+    deadline = time.monotonic() + timeout_s
+    while batch.status not in TERMINAL:
+        assert time.monotonic() < deadline, f"the batch stayed {batch.status}: {batch}"
+        time.sleep(interval_s)
+        batch = client.batches.retrieve(batch.id)
+    return batch
