@@ -110,6 +110,13 @@ def test_the_cli_sets_and_shows_the_weight(tmp_path: Path, monkeypatch: pytest.M
     )
     assert capped.exit_code == 1
     assert "'max_priority' must be a whole number from 0 to 100" in capped.output
+    # A refused cap beside a good weight changes neither.
+    partly = runner.invoke(
+        admin_cli, ["org", "set", "acme", "--weight", "7", "--max-priority", "101", "--data", data]
+    )
+    assert partly.exit_code == 1
+    shown = cli("org", "show", "acme")
+    assert (shown["weight"], shown["max_priority"]) == (2, 0)
     neither = runner.invoke(admin_cli, ["org", "set", "acme", "--data", data])
     assert neither.exit_code != 0
     assert "--max-priority" in neither.output

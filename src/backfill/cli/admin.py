@@ -130,13 +130,12 @@ def org_set(
     if weight is None and max_priority is None:
         raise typer.BadParameter("give --weight, --max-priority or both")
 
+    changes = {"weight": weight, "max_priority": max_priority}
+
     async def action(b: Backfill) -> str:
-        org = await b.services.tenants.org(name)
-        if weight is not None:
-            org = await b.services.tenants.set_weight(name, weight)
-        if max_priority is not None:
-            org = await b.services.controls.set_max_priority(name, max_priority)
-        return _org_json(org)
+        svc = b.services
+        sent = {field: value for field, value in changes.items() if value is not None}
+        return _org_json(await svc.controls.update_org(svc.tenants, name, sent))
 
     run_admin(admin_settings(config, data), action, audited=("org.update", name))
 

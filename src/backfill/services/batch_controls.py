@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from backfill.domain import priority as prio
 from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord, Org
 from backfill.errors import Conflict, NotFound
 from backfill.ports import BatchControlStore, Clock, TenantStore
 from backfill.services.batches import BatchService
-from backfill.services.tenants import find_org
+from backfill.services.tenants import TenantService, find_org
 
 
 class BatchControls:
@@ -45,6 +47,21 @@ class BatchControls:
         if await self._store.resume(batch.id) is None:
             raise _ended(batch, "resume it")
         return await self._batches.get(org_id, batch_id)
+
+    async def update_org(
+        self, tenants: TenantService, name: str, changes: Mapping[str, object]
+    ) -> Org:
+        """Change org ``name``'s ``weight``, ``max_priority`` or both (``changes``, by field,
+        a value sent as null included): a refused value changes nothing, an unknown org is
+        404 before any value is judged."""
+        if "max_priority" in changes:
+            prio.check_cap(changes["max_priority"])  # the weight is checked before it is set
+        org = await tenants.org(name)
+        if "weight" in changes:
+            org = await tenants.set_weight(name, changes["weight"])
+        if "max_priority" in changes:
+            org = await self.set_max_priority(name, changes["max_priority"])
+        return org
 
     async def set_max_priority(self, name: str, cap: object) -> Org:
         """The highest priority org ``name``'s batches may be given."""

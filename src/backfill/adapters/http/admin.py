@@ -19,7 +19,6 @@ from backfill.domain.engine_config import StoredEngine
 from backfill.domain.engine_health import EngineReport, EngineState
 from backfill.domain.money import pico_to_usd
 from backfill.domain.notifications import Endpoint
-from backfill.domain.priority import check_cap
 from backfill.domain.records import ApiKey, Ledger, Org
 from backfill.errors import InvalidInput
 from backfill.services.audit import entry_id
@@ -173,14 +172,8 @@ async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
             code="missing_required_parameter",
             param="weight",
         )
-    if "max_priority" in sent:
-        check_cap(body.max_priority)  # before anything changes: a refusal changes nothing
-    org = await svc.tenants.org(name)
-    if "weight" in sent:
-        org = await svc.tenants.set_weight(name, body.weight)
-    if "max_priority" in sent:
-        org = await svc.controls.set_max_priority(name, body.max_priority)
-    return json_response(org_object(org))
+    changes = {field: getattr(body, field) for field in sent}
+    return json_response(org_object(await svc.controls.update_org(svc.tenants, name, changes)))
 
 
 @router.post("/keys", dependencies=[audited("key.create")])
