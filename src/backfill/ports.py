@@ -795,8 +795,6 @@ class BatchControlStore(Protocol):
     """A batch's priority, pause and resume, its org's priority cap, and which batches go
     before others of their org (adapters/db/batch_controls.py)."""
 
-    async def max_priority(self, org_id: str) -> int: ...
-
     async def batches_ahead(self, batch_ids: Sequence[str]) -> dict[str, AheadInLane]:
         """Of these running batches, those with no line running whose org has batches of the
         same model that go first (higher priority, or rescued), with what goes first."""

@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +35,7 @@ app = typer.Typer(help="Run and inspect batches.", no_args_is_help=True)
 console = Console(stderr=True)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
+DEFAULT_ENDPOINT = "/v1/chat/completions"
 BaseUrl = Annotated[
     str | None,
     typer.Option(
@@ -384,13 +385,24 @@ def run(
     console.print(table)
 
 
+def _rows_table(rows: Sequence[tuple[str, str | None]]) -> Table:
+    """Name and value, a row each; a row without a value is left out."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        if value:
+            table.add_row(name, Text(value))
+    return table
+
+
 def _endpoint(file: Path) -> str:
     with file.open("rb") as fh:
         first = fh.readline()
     try:
-        return str(json.loads(first).get("url") or "/v1/chat/completions")
+        return str(json.loads(first).get("url") or DEFAULT_ENDPOINT)
     except ValueError:
-        return "/v1/chat/completions"
+        return DEFAULT_ENDPOINT
 
 
 @app.command()
@@ -432,12 +444,7 @@ def _summary(batch: dict[str, Any]) -> Table:
         ("error file", batch.get("error_file_id")),
         ("retry of", batch.get("retry_of")),
     ]
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for name, value in rows:
-        if value:
-            table.add_row(name, Text(value))
+    table = _rows_table(rows)
     for error in ((batch.get("errors") or {}).get("data")) or []:
         table.add_row("error", Text(f"line {error.get('line')}: {error.get('message')}"))
     return table

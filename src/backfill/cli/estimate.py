@@ -13,19 +13,19 @@ from rich.table import Table
 from rich.text import Text
 
 from backfill.cli.batch import (
+    DEFAULT_ENDPOINT,
     ApiKey,
     BaseUrl,
     Client,
     _endpoint,
     _fail,
+    _rows_table,
     _upload,
     _when,
     _with_model,
     console,
 )
 from backfill.cli.common import JsonOpt, print_json
-
-DEFAULT_ENDPOINT = "/v1/chat/completions"
 
 
 def estimate(
@@ -103,12 +103,7 @@ def summary(found: dict[str, Any]) -> Table:
         ("admission", _admission(admission)),
         ("estimated end", _completion(found.get("estimated_completion_at"))),
     ]
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for name, value in rows:
-        table.add_row(name, Text(value))
-    return table
+    return _rows_table(rows)
 
 
 def _usd(amount: str | None) -> str:

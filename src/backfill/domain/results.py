@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from backfill.domain import ids
+from backfill.domain.output_schema import OUTPUT_SCHEMA_MISMATCH
 
 
 def success_row(custom_id: str, status_code: int, body: Any, request_id: str) -> bytes:
@@ -22,14 +23,14 @@ def http_error_row(custom_id: str, status_code: int, body: Any) -> bytes:
     return success_row(custom_id, status_code, body, ids.request_id())
 
 
-def mismatch_row(custom_id: str, body: Any, request_id: str, code: str, message: str) -> bytes:
+def mismatch_row(custom_id: str, body: Any, request_id: str, message: str) -> bytes:
     """An answer that is not what its line asked for (``domain/output_schema.py``): the
     engine's answer kept in ``response`` as a success row keeps it (``request_id`` names its
     receipt: it is charged), and ``error`` says why it counts as failed."""
     return _row(
         custom_id,
         {"status_code": 200, "request_id": request_id, "body": body},
-        {"code": code, "message": message},
+        {"code": OUTPUT_SCHEMA_MISMATCH, "message": message},
     )
 
 

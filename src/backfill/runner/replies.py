@@ -12,7 +12,7 @@ import orjson
 from backfill.domain import ids
 from backfill.domain.embeddings import Requested, conform
 from backfill.domain.money import MAX_TOKENS
-from backfill.domain.output_schema import OUTPUT_SCHEMA_MISMATCH, Expected, mismatch
+from backfill.domain.output_schema import Expected, mismatch
 from backfill.domain.results import (
     ERROR_MESSAGES,
     error_row,
@@ -78,7 +78,7 @@ def succeeded(
     if why is None:
         row = success_row(custom_id, 200, body, request_id)
     else:
-        row = mismatch_row(custom_id, body, request_id, OUTPUT_SCHEMA_MISMATCH, why)
+        row = mismatch_row(custom_id, body, request_id, why)
     return Outcome(
         why is None,
         row,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from backfill.domain import priority as prio
-from backfill.domain.lifecycle import BatchStatus
 from backfill.domain.records import BatchRecord, Org
 from backfill.errors import Conflict, NotFound
 from backfill.ports import BatchControlStore, Clock, TenantStore
@@ -29,24 +28,27 @@ class BatchControls:
 
     async def set_priority(self, org_id: str, batch_id: str, priority: object) -> BatchRecord:
         """Give the batch ``priority``: its lines move in its org's queue at once."""
-        batch = await self._batches.get(org_id, batch_id)
+        batch = await self._batches.found(org_id, batch_id)
         checked = await self._batches.checked_priority(org_id, priority)
-        if await self._store.set_priority(batch.id, checked) is None:
+        changed = await self._store.set_priority(batch.id, checked)
+        if changed is None:
             raise _ended(batch, "change its priority")
-        return await self._batches.get(org_id, batch_id)
+        return await self._batches.annotated(changed)
 
     async def pause(self, org_id: str, batch_id: str) -> BatchRecord:
         """Start none of its lines until it is resumed; those running finish."""
-        batch = await self._batches.get(org_id, batch_id)
-        if await self._store.pause(batch.id, int(self._clock.now())) is None:
+        batch = await self._batches.found(org_id, batch_id)
+        changed = await self._store.pause(batch.id, int(self._clock.now()))
+        if changed is None:
             raise _ended(batch, "pause it")
-        return await self._batches.get(org_id, batch_id)
+        return await self._batches.annotated(changed)
 
     async def resume(self, org_id: str, batch_id: str) -> BatchRecord:
-        batch = await self._batches.get(org_id, batch_id)
-        if await self._store.resume(batch.id) is None:
+        batch = await self._batches.found(org_id, batch_id)
+        changed = await self._store.resume(batch.id)
+        if changed is None:
             raise _ended(batch, "resume it")
-        return await self._batches.get(org_id, batch_id)
+        return await self._batches.annotated(changed)
 
     async def update_org(
         self, tenants: TenantService, name: str, changes: Mapping[str, object]
@@ -73,9 +75,8 @@ class BatchControls:
 
 
 def _ended(batch: BatchRecord, what: str) -> Conflict:
-    status = batch.status.value if isinstance(batch.status, BatchStatus) else str(batch.status)
     return Conflict(
-        f"Batch {batch.id} is {status}: only a validating or in-progress batch can {what}.",
+        f"Batch {batch.id} is {batch.status}: only a validating or in-progress batch can {what}.",
         code="batch_not_running",
         param="batch_id",
     )

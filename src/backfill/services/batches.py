@@ -435,9 +435,18 @@ class BatchService:
             )
 
     async def get(self, org_id: str, batch_id: str) -> BatchRecord:
+        return await self.annotated(await self.found(org_id, batch_id))
+
+    async def found(self, org_id: str, batch_id: str) -> BatchRecord:
+        """The org's batch as stored, without what its engines and lanes say of it (404 when
+        the org has none by that id)."""
         batch = await self._store.get_batch(org_id, batch_id)
         if batch is None:
             raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
+        return batch
+
+    async def annotated(self, batch: BatchRecord) -> BatchRecord:
+        """The batch with why it waits, as every read of it shows."""
         return batch if self._health is None else await self._health.annotate(batch)
 
     async def list(self, org_id: str, after: str | None, limit: int) -> Page[BatchRecord]:

@@ -175,7 +175,7 @@ def _local(ref: str, root: Any) -> Any:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if fields.is_int(value) and value >= 0 else None
 
 
 def _number_of(value: Any) -> float | None:

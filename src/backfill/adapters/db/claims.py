@@ -554,13 +554,18 @@ def _reopen(
     chunk is ready again, and its lane counts it; a paused batch's is held instead."""
     c = t.chunks
     reopened: Counter[tuple[str, str]] = Counter()
+    # A batch's pause is read once, after its first chunk's lock: a pause that had not
+    # committed by then waits for this transaction (it locks every chunk of its batch).
+    paused: dict[str, bool] = {}
     for (batch_id, chunk), not_before in sorted(chunks.items()):
         key = (c.c.batch_id == batch_id) & (c.c.chunk == chunk)
         query = select(c.c.state, c.c.not_before, c.c.model, c.c.org_id).where(key)
         row = conn.execute(dialect.for_update(query)).first()
         if row is None:
             continue  # the batch stopped running: its chunks are gone
-        if row.state == ChunkState.TAKEN and _paused(conn, batch_id):
+        if row.state == ChunkState.TAKEN and batch_id not in paused:
+            paused[batch_id] = _paused(conn, batch_id)
+        if row.state == ChunkState.TAKEN and paused[batch_id]:
             conn.execute(
                 update(c).where(key).values(state=ChunkState.PAUSED, not_before=not_before)
             )

@@ -110,8 +110,7 @@ OPERATIONS |= {
     ("get", "/v1/batches/{batch_id}/progress"): Operation(ok(ref(wire.BatchProgress))),
 }
 
-# What a creation would cost and decide, before it is made (adapters/http/estimate_routes.py).
-# A running batch's controls (batch_controls.py).
+# A running batch's controls (adapters/http/batch_controls.py).
 OPERATIONS |= {
     ("post", "/v1/batches/{batch_id}"): Operation(
         ok(ref(wire.Batch)), body(JSON, ref(wire.UpdateBatchRequest))
@@ -119,6 +118,8 @@ OPERATIONS |= {
     ("post", "/v1/batches/{batch_id}/pause"): Operation(ok(ref(wire.Batch))),
     ("post", "/v1/batches/{batch_id}/resume"): Operation(ok(ref(wire.Batch))),
 }
+
+# What a creation would cost and decide, before it is made (adapters/http/estimate_routes.py).
 OPERATIONS |= {
     ("post", "/v1/batches/estimate"): Operation(
         ok(ref(estimate_wire.BatchEstimate)), body(JSON, ref(wire.CreateBatchRequest))
