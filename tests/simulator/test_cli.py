@@ -38,7 +38,8 @@ def test_batching_options_reach_the_config(
 ) -> None:
     args = [
         "simulate", "--slots", "64", "--ttft-ms", "30", "--itl-ms", "12",
-        "--prefill-ms-per-token", "0.2", "--itl-growth", "1.5", "--kv-capacity-tokens", "500000",
+        "--prefill-ms-per-token", "0.2", "--itl-growth", "1.5", "--itl-knee", "8",
+        "--kv-capacity-tokens", "500000",
         "--block-tokens", "32", "--prefix-cache-blocks", "4096", "--model-name", "org/model",
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -47,6 +48,7 @@ def test_batching_options_reach_the_config(
     assert batching is not None
     assert (batching.slots, batching.ttft_ms, batching.itl_ms) == (64, 30, 12)
     assert (batching.prefill_ms_per_token, batching.itl_growth) == (0.2, 1.5)
+    assert batching.itl_knee == 8
     assert (batching.kv_capacity_tokens, batching.block_tokens) == (500_000, 32)
     assert batching.prefix_cache_blocks == 4096
     assert started[0][0].model_name == "org/model"
@@ -112,6 +114,8 @@ def test_the_priority_scheduling_policy_reaches_the_model(
         (["--slots", "4", "--max-concurrency", "2"], "slots replaces max_concurrency"),
         (["--prefix-cache-blocks", "100"], "prefix_cache_blocks only act with slots"),
         (["--itl-growth", "1"], "itl_growth only act with slots"),
+        (["--itl-knee", "2"], "itl_knee only act with slots"),
+        (["--slots", "2", "--itl-knee", "3"], "itl_knee must be between 0 and slots"),
         (["--slots", "-1"], "--slots"),
         (["--slots", "2", "--block-tokens", "0"], "--block-tokens"),
         (["--scheduling-policy", "priority"], "scheduling_policy=priority only act with slots"),

@@ -136,6 +136,21 @@ def test_every_running_sequence_slows_every_step() -> None:
     assert ttft(crowd[0]) == pytest.approx(0.008)
 
 
+def test_a_step_holds_its_base_time_up_to_the_knee_then_grows_by_each_sequence_past_it() -> None:
+    # A CPU whose step is bound by memory up to four sequences, then by compute.
+    config = BatchingConfig(slots=8, ttft_ms=0, itl_ms=30, itl_growth=0.8, itl_knee=4)
+    steps_ms = [1000 * config.step_s(n, 0) for n in (1, 2, 4, 5, 8)]
+    assert steps_ms == pytest.approx([30, 30, 30, 33, 42])
+    # Without a knee every sequence counts, as before.
+    line = BatchingConfig(slots=8, ttft_ms=0, itl_ms=30, itl_growth=0.8)
+    assert 1000 * line.step_s(4, 0) == pytest.approx(42)
+    crowd = [seq(tokens=11) for _ in range(4)]
+    model = BatchingModel(config)
+    submit(model, *crowd)
+    drain(model)
+    assert all(decode_s(s) == pytest.approx(10 * 0.030) for s in crowd)
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_that_slow_the_decoders() -> None:
     config = BatchingConfig(
         slots=4, ttft_ms=0, itl_ms=10, prefill_ms_per_token=0.1, max_num_batched_tokens=256
@@ -451,6 +466,7 @@ def test_a_delayed_request_holds_its_slot_and_then_prefills() -> None:
         lambda: BatchingConfig(slots=0),
         lambda: BatchingConfig(slots=1, itl_ms=-1),
         lambda: BatchingConfig(slots=1, itl_growth=-0.5),
+        lambda: BatchingConfig(slots=4, itl_knee=5),
         lambda: BatchingConfig(slots=1, kv_capacity_tokens=0),
         lambda: BatchingConfig(slots=1, block_tokens=0),
         lambda: BatchingConfig(slots=1, prefix_cache_blocks=-1),

@@ -333,10 +333,19 @@ def simulate(
         float | None,
         typer.Option(
             min=0,
-            help="Step slow-down with load: a step lasts itl_ms * (1 + itl_growth * scheduled / "
-            "slots) + prefill_ms_per_token * prefill tokens. Default 0, or the --step-profile's.",
+            help="Step slow-down with load: a step lasts itl_ms * (1 + itl_growth * max(0, "
+            "scheduled - itl_knee) / slots) + prefill_ms_per_token * prefill tokens. Default 0, "
+            "or the --step-profile's.",
         ),
     ] = None,
+    itl_knee: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Sequences a step holds at --itl-ms: only those past it count in the slow-down "
+            "(itl_growth * max(0, scheduled - itl_knee) / slots). At most --slots. Needs --slots.",
+        ),
+    ] = 0,
     step_profile: Annotated[
         Literal["flat", "steep"] | None,
         typer.Option(
@@ -413,6 +422,7 @@ def simulate(
             prefix_cache_blocks=prefix_cache_blocks,
             scheduling_policy=scheduling_policy,
             max_num_batched_tokens=max_num_batched_tokens,
+            itl_knee=itl_knee,
             step_profile=step_profile,
             model_name=model_name,
             embedding_dimensions=embedding_dimensions,

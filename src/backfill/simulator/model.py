@@ -22,9 +22,10 @@ The life of one request (a ``Sequence``):
    more running requests are scheduled in this step. A victim frees its blocks, goes back to
    the waiting queue (fcfs: at its front) and keeps the tokens it had sent; it is prefilled
    again over prompt and those tokens later (recompute).
-4. A step lasts ``itl_ms * (1 + itl_growth * scheduled / slots) + prefill_ms_per_token *
-   prefill tokens in it``. A request's first token comes at the end of the step that
-   completes its prefill; each later step gives each decoding request one token.
+4. A step lasts ``itl_ms * (1 + itl_growth * max(0, scheduled - itl_knee) / slots) +
+   prefill_ms_per_token * prefill tokens in it``. A request's first token comes at the end
+   of the step that completes its prefill; each later step gives each decoding request one
+   token.
 
 Cost: a step is O(1) plus its prefill chunks, admissions and finishers while the free KV
 blocks cover every decoding request's next block. Decoding requests move in lockstep, so a
@@ -86,6 +87,9 @@ class BatchingConfig:
     itl_ms: float = 1.0
     """A step's base time. 0: decode takes no time (all tokens come with the first)."""
     itl_growth: float = 0.0
+    itl_knee: int = 0
+    """Sequences a step holds at ``itl_ms``: only those past it slow the step (a CPU whose
+    step stays flat while memory, not compute, bounds it). 0: every sequence does."""
     kv_capacity_tokens: int = 262_144
     block_tokens: int = 16
     prefix_cache_blocks: int = 0
@@ -100,6 +104,8 @@ class BatchingConfig:
             raise ValueError("slots must be at least 1")
         if min(self.ttft_ms, self.prefill_ms_per_token, self.itl_ms, self.itl_growth) < 0:
             raise ValueError("times and itl_growth must not be negative")
+        if not 0 <= self.itl_knee <= self.slots:
+            raise ValueError("itl_knee must be between 0 and slots")
         if self.kv_capacity_tokens < 1 or self.block_tokens < 1 or self.prefix_cache_blocks < 0:
             raise ValueError("kv_capacity_tokens and block_tokens must be at least 1")
         if self.kv_capacity_tokens < self.block_tokens:
@@ -118,7 +124,7 @@ class BatchingConfig:
     def step_s(self, scheduled: int, prefill_tokens: int) -> float:
         """How long a step with ``scheduled`` requests and ``prefill_tokens`` lasts."""
         return (
-            self.itl_ms * (1 + self.itl_growth * scheduled / self.slots)
+            self.itl_ms * (1 + self.itl_growth * max(0, scheduled - self.itl_knee) / self.slots)
             + self.prefill_ms_per_token * prefill_tokens
         ) / 1000
 

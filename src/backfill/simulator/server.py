@@ -81,6 +81,8 @@ class SimulatorConfig:
     """0, or the step profile's."""
     itl_growth: float = _PRESET
     """0, or the step profile's."""
+    itl_knee: int = 0
+    """Sequences a step holds at ``itl_ms`` before it grows (``BatchingConfig.itl_knee``)."""
     kv_capacity_tokens: int = 262_144
     block_tokens: int = 16
     prefix_cache_blocks: int = 0
@@ -114,6 +116,7 @@ class SimulatorConfig:
         batched_only = {
             "prefill_ms_per_token": self.prefill_ms_per_token,
             "itl_growth": self.itl_growth,
+            "itl_knee": self.itl_knee,
             "prefix_cache_blocks": self.prefix_cache_blocks,
             "scheduling_policy=priority": self.scheduling_policy == "priority",
             "max_num_batched_tokens": self.max_num_batched_tokens != 2048,
@@ -133,6 +136,7 @@ class SimulatorConfig:
             prefill_ms_per_token=self.prefill_ms_per_token,
             itl_ms=self.itl_ms,
             itl_growth=self.itl_growth,
+            itl_knee=self.itl_knee,
             kv_capacity_tokens=self.kv_capacity_tokens,
             block_tokens=self.block_tokens,
             prefix_cache_blocks=self.prefix_cache_blocks,
