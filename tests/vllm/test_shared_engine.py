@@ -30,7 +30,7 @@ from tests.vllm.conftest import MODEL, backfill_config, engine_table
 pytestmark = pytest.mark.vllm
 
 
-def chat_rows(count: int, max_tokens: int) -> list[dict[str, Any]]:
+def chat_rows(count: int, max_tokens: int, **more: Any) -> list[dict[str, Any]]:
     return [
         {
             "custom_id": f"r{i}",
@@ -41,6 +41,7 @@ def chat_rows(count: int, max_tokens: int) -> list[dict[str, Any]]:
                 "messages": [{"role": "user", "content": f"Write about the number {i}."}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
+                **more,
             },
         }
         for i in range(count)
@@ -97,7 +98,9 @@ def shared_server(tmp_path: Path, vllm_engine: VllmProcess) -> Iterator[ServerPr
 def test_people_waiting_for_a_slot_get_batch_slots_back(
     shared_server: ServerProcess, vllm_engine: VllmProcess
 ) -> None:
-    rows = chat_rows(24, max_tokens=160)
+    # vLLM's ignore_eos (passed through to the engine): each answer is all 160 tokens, so each
+    # holds its slot that long whatever the model says on this CPU's kernels.
+    rows = chat_rows(24, max_tokens=160, ignore_eos=True)
     with shared_server.client() as client:
         # First the worker finds out, on the idle engine, that it applies priority (its probe
         # holds every slot for a moment): the slots filled below are then the batch's.
@@ -112,17 +115,20 @@ def test_people_waiting_for_a_slot_get_batch_slots_back(
         before = vllm_engine.metrics()
         batch_id = submit(client, rows)
 
-        def engine_full() -> bool:
-            page = vllm_engine.metrics()
-            return counter(page, "vllm:num_requests_running") >= 8
+        def running() -> float:
+            return counter(vllm_engine.metrics(), "vllm:num_requests_running")
 
         deadline = time.monotonic() + 120
-        while not engine_full():
+        while running() < 8:
             assert time.monotonic() < deadline, "Backfill never filled the idle engine"
             time.sleep(0.05)
         # Every slot holds a batch request of about 160 tokens (seconds): a person who had to
         # wait for one to finish would wait that long. They get a slot given back instead.
-        waits = [ttft_s(vllm_engine) for _ in range(3)]
+        # What each found as they came: a full engine, or a slot already free.
+        found, waits = [], []
+        for _ in range(3):
+            found.append(running())
+            waits.append(ttft_s(vllm_engine))
         batch = wait_batch(client, batch_of(client, batch_id))
         assert batch["status"] == "completed", batch
         out, err = rows_of(client, batch["output_file_id"]), rows_of(client, batch["error_file_id"])
@@ -133,7 +139,6 @@ def test_people_waiting_for_a_slot_get_batch_slots_back(
         assert all(r.status_code == 200 for r in receipts)
         ours = client.get("/metrics").text
     given_back = counter(ours, "backfill_engine_given_back_total")
-    assert given_back >= 1, "no request was given back"
     # A whole batch request takes 160 of the engine's steps as they were in this run (the
     # machine's speed, and whatever else ran on it: a CI run's steps were slower than the 30
     # ms once written here); a person given a slot waits a step or two more. (vLLM counts no
@@ -143,11 +148,16 @@ def test_people_waiting_for_a_slot_get_batch_slots_back(
     full_request_s = 160 * step_s
     # Reads of the engine's metrics that failed: while they fail nobody is given a slot back.
     unread = counter(ours, "backfill_engine_metrics_unread_total")
-    print(
-        f"people's waits {waits} s; a batch request {full_request_s:.2f} s; {given_back} back; "
-        f"{unread} metrics reads failed"
+    seen = (
+        f"people's waits {waits} s, finding {found} running; a batch request "
+        f"{full_request_s:.2f} s; {given_back} given back; {unread} metrics reads failed"
     )
-    assert max(waits) < full_request_s / 2, (waits, full_request_s, given_back, unread)
+    print(seen)
+    # The promise: nobody waits for a batch request to end.
+    assert max(waits) < full_request_s / 2, seen
+    # Kept because slots were given back: the first person found every slot held by a
+    # request with seconds to go.
+    assert given_back >= 1, seen
 
 
 def _mean_since(before: str, after: str, histogram: str) -> float:
