@@ -424,7 +424,10 @@ async def test_overlapping_batches_are_charged_once_for_the_union_of_busy_time(
         a = await created(f.bf, [private_line("a", "first [[sim:delay_ms=1500]]")])
         await eventually(in_flight(f.private), lambda n: n == 1, what="A is in flight")
         clock.advance(2)
-        b = await created(f.bf, [private_line("b", "second [[sim:delay_ms=4000]]")])
+        # B holds its slot far longer than A in real time (the charge follows the manual
+        # clock), within the engine's 10 s timeout: A's batch must end while B runs, and a
+        # busy machine took 4.4 s from B's start until A's batch was seen completed.
+        b = await created(f.bf, [private_line("b", "second [[sim:delay_ms=8000]]")])
         await eventually(in_flight(f.private), lambda n: n == 2, what="A and B are in flight")
         clock.advance(3)
         assert (await f.bf.wait(a["id"], timeout_s=30))["status"] == "completed"
