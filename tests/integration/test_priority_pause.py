@@ -56,7 +56,7 @@ async def test_a_priority_is_given_at_creation_within_the_orgs_cap(tmp_path: Pat
         assert (await bf.create(uploaded, priority=-100)).json()["priority"] == -100
 
         # The administrator raises the cap: the same priority is taken.
-        org = await bf.backfill.services.controls.set_max_priority("default", 20)
+        org = await bf.backfill.services.controls.update_org("default", {"max_priority": 20})
         assert org.max_priority == 20
         assert (await bf.create(uploaded, priority=15)).json()["priority"] == 15
 

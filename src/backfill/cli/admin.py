@@ -133,9 +133,8 @@ def org_set(
     changes = {"weight": weight, "max_priority": max_priority}
 
     async def action(b: Backfill) -> str:
-        svc = b.services
         sent = {field: value for field, value in changes.items() if value is not None}
-        return _org_json(await svc.controls.update_org(svc.tenants, name, sent))
+        return _org_json(await b.services.controls.update_org(name, sent))
 
     run_admin(admin_settings(config, data), action, audited=("org.update", name))
 

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 
 from backfill.domain import priority as prio
 from backfill.domain.records import BatchRecord, Org
-from backfill.errors import Conflict, NotFound
+from backfill.errors import Conflict
 from backfill.ports import BatchControlStore, Clock, TenantStore
 from backfill.services.batches import BatchService
-from backfill.services.tenants import TenantService, find_org
+from backfill.services.tenants import checked_weight, find_org, no_such_org
 
 
 class BatchControls:
@@ -50,28 +50,24 @@ class BatchControls:
             raise _ended(batch, "resume it")
         return await self._batches.annotated(changed)
 
-    async def update_org(
-        self, tenants: TenantService, name: str, changes: Mapping[str, object]
-    ) -> Org:
+    async def update_org(self, name: str, changes: Mapping[str, object]) -> Org:
         """Change org ``name``'s ``weight``, ``max_priority`` or both (``changes``, by field,
-        a value sent as null included): a refused value changes nothing, an unknown org is
-        404 before any value is judged."""
-        if "max_priority" in changes:
-            prio.check_cap(changes["max_priority"])  # the weight is checked before it is set
-        org = await tenants.org(name)
-        if "weight" in changes:
-            org = await tenants.set_weight(name, changes["weight"])
-        if "max_priority" in changes:
-            org = await self.set_max_priority(name, changes["max_priority"])
-        return org
-
-    async def set_max_priority(self, name: str, cap: object) -> Org:
-        """The highest priority org ``name``'s batches may be given."""
-        checked = prio.check_cap(cap)
+        a value sent as null included). Both are judged before anything changes, so a refused
+        value changes nothing; an unknown org is 404."""
+        weight = checked_weight(changes["weight"]) if "weight" in changes else None
+        cap = prio.check_cap(changes["max_priority"]) if "max_priority" in changes else None
         org = await find_org(self._tenants, name)
-        if not await self._store.set_max_priority(org.id, checked):
-            raise NotFound(f"No organization named {name!r}; create it first.")
-        return await find_org(self._tenants, name)
+        if weight is not None:
+            # None: the org was removed meanwhile.
+            updated = await self._tenants.set_org_weight(org.id, weight)
+            if updated is None:
+                raise no_such_org(name)
+            org = updated
+        if cap is not None:
+            if not await self._store.set_max_priority(org.id, cap):
+                raise no_such_org(name)
+            org.max_priority = cap
+        return org
 
 
 def _ended(batch: BatchRecord, what: str) -> Conflict:

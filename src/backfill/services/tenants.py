@@ -57,12 +57,16 @@ def printable(value: str, param: str, max_chars: int, *, allow_empty: bool = Fal
     return value
 
 
+def no_such_org(name: str) -> NotFound:
+    return NotFound(f"No organization named {name!r}; create it first.")
+
+
 async def find_org(store: TenantStore, name: str) -> Org:
     """The org named ``name``; NotFound otherwise (an impossible name never reaches the
     database)."""
     org = await store.org_by_name(name) if ids.plausible(name, MAX_ORG_NAME_CHARS) else None
     if org is None:
-        raise NotFound(f"No organization named {name!r}; create it first.")
+        raise no_such_org(name)
     return org
 
 
@@ -185,14 +189,11 @@ class TenantService:
     async def org(self, name: str) -> Org:
         return await find_org(self._store, name)
 
-    async def set_weight(self, name: str, weight: object) -> Org:
-        """Give org ``name`` this fair-share weight; claims after this use it."""
-        try:
-            checked = check_weight(weight)
-        except WeightRefused as refused:
-            raise InvalidInput(refused.message, code="invalid_value", param=refused.param) from None
-        org = await self.org(name)
-        updated = await self._store.set_org_weight(org.id, checked)
-        if updated is None:
-            raise NotFound(f"No organization named {name!r}; create it first.")
-        return updated
+
+def checked_weight(weight: object) -> int:
+    """An org's fair-share weight as an administrator sets it (400 ``invalid_value`` naming
+    the field otherwise)."""
+    try:
+        return check_weight(weight)
+    except WeightRefused as refused:
+        raise InvalidInput(refused.message, code="invalid_value", param=refused.param) from None

@@ -173,7 +173,7 @@ async def patch_org(name: str, body: OrgPatch, _: Admin, svc: Svc) -> Response:
             param="weight",
         )
     changes = {field: getattr(body, field) for field in sent}
-    return json_response(org_object(await svc.controls.update_org(svc.tenants, name, changes)))
+    return json_response(org_object(await svc.controls.update_org(name, changes)))
 
 
 @router.post("/keys", dependencies=[audited("key.create")])
