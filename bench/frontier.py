@@ -24,8 +24,12 @@ work; its figure is the time from the jump until people's latency (TTFT and end 
 mean over a window) is back within the budget of the same burst alone, against one batch
 request's duration on a full engine (the target: at most that).
 
-For each: people's TTFT p99, e2e p50 and e2e p99 against alone, and the batch's requests per
-second while people ran. The **oracle** is the best cap whose three ratios are all within the
+For each: people's TTFT p99, e2e p50 and e2e p99 against alone, the batch's requests per
+second while people ran, and how Backfill held the engine meanwhile (its requests in flight
+and its limit, sampled from its /metrics). ``--caps 2,4`` runs only those caps; ``--looks 0.1``
+adds a shared run that reads the engine's metrics that often, beside the default.
+
+The **oracle** is the best cap whose three ratios are all within the
 budget. Targets (issue: spare capacity, for real): shared within the budget, at least 0.9 of
 the oracle's throughput, at most 10% of its batch work thrown away (requests given back). A
 level of 0 compares shared with dedicated when nobody else is on the engine (target 0.95).
@@ -38,7 +42,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +159,7 @@ class Run:
     batch_rps: float
     given_back: float = 0.0
     completed: int = 0
+    held: Held | None = None
 
     def ratios(self, alone: Run) -> tuple[float, float, float]:
         assert self.people is not None
@@ -163,6 +170,66 @@ class Run:
             (mine.latency.p50 or 0) / (base.latency.p50 or 1),
             (mine.latency.p99 or 0) / (base.latency.p99 or 1),
         )
+
+
+@dataclass(frozen=True)
+class Held:
+    """Backfill's requests in flight on the engine and its limit, sampled from its /metrics
+    every ``HELD_EVERY_S`` while people were measured: how it held its slots, beyond the mean
+    its throughput shows (a cap that swings between 0 and 4 slows people more than 2 held)."""
+
+    in_flight: list[float]
+    limit: list[float]
+    people: list[float]
+    """People on the engine as shared mode saw them (its pressure; 0 for a cap)."""
+
+    def summary(self) -> str:
+        if not self.in_flight:
+            return ""
+        q = statistics.quantiles(self.in_flight, n=10) if len(self.in_flight) > 1 else [0.0] * 9
+        return (
+            f"in flight mean {statistics.fmean(self.in_flight):.2f} "
+            f"(p10 {q[0]:.0f}, p50 {q[4]:.0f}, p90 {q[8]:.0f}), "
+            f"limit mean {statistics.fmean(self.limit):.2f}, "
+            f"people seen mean {statistics.fmean(self.people):.2f}"
+        )
+
+
+HELD_EVERY_S = 0.25
+
+
+def _gauge(page: str, name: str) -> float:
+    found = re.findall(rf"^{name}{{[^}}]*}} (\S+)$", page, re.M)
+    return sum(float(v) for v in found)
+
+
+class HeldSampler:
+    """Samples ``Held`` on a thread until stopped."""
+
+    def __init__(self, base: str, key: str) -> None:
+        self._client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
+        self._stop = threading.Event()
+        self.held = Held([], [], [])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HELD_EVERY_S):
+            try:
+                page = self._client.get("/metrics").text
+            except httpx.HTTPError:
+                continue
+            self.held.in_flight.append(_gauge(page, "backfill_engine_in_flight"))
+            self.held.limit.append(_gauge(page, "backfill_engine_concurrency_limit"))
+            self.held.people.append(_gauge(page, "backfill_engine_pressure"))
+
+    def stop(self) -> Held:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+        return self.held
 
 
 @dataclass(frozen=True)
@@ -187,11 +254,14 @@ class People:
 
 # More settings of the shared engine (``--shared``), to try a change against the defaults.
 SHARED_EXTRA: list[str] = []
+# Shared runs beside the default one, each looking at the engine's metrics this often
+# (``--looks``), by run name: what the looks themselves cost people.
+LOOKS_AT: dict[str, float] = {}
 
 
 def engine_table(name: str, engine: Engine) -> str:
     served = f'served_names = {{ "{MODEL}" = "{engine.model}" }}\n' if engine.model != MODEL else ""
-    if name == "shared":
+    if name.startswith("shared"):
         shared = f'mode = "shared"\nsignal = "vllm"\nslots = {SLOTS}\npriority = 10\n'
         return served + shared + "\n".join(SHARED_EXTRA)
     return served + "priority = 10"
@@ -199,17 +269,21 @@ def engine_table(name: str, engine: Engine) -> str:
 
 def with_backfill(
     engine: Engine, work: Path, name: str, cap: int, people: People | None
-) -> tuple[LoadResult | None, float, float, int]:
+) -> tuple[LoadResult | None, float, float, int, Held]:
     """Backfill up beside ``engine`` (``name``: shared, or a cap) with a backlog to drain:
     ``people`` run from before it arrives (None: nobody, for ``IDLE_S``). People's result
     from ``LEAD_S + SETTLE_S`` on, the batch's rate meanwhile, requests given back and
-    completed meanwhile."""
+    completed meanwhile, and how Backfill held the engine's slots meanwhile."""
     source = work / "batch.jsonl"
     if not source.exists():
         with source.open("wb") as out:
             for i in range(BATCH_LINES):
                 out.write(request_line(i, TOKENS))
-    config = sim_config(work / f"{name}.toml", engine.url, cap, engine=engine_table(name, engine))
+    looks = LOOKS_AT.get(name)
+    extra = f"worker.pressure_interval_s = {looks}" if looks else ""
+    config = sim_config(
+        work / f"{name}.toml", engine.url, cap, extra, engine=engine_table(name, engine)
+    )
     process, base, key = start_backfill(config, work / f"data-{name}", work / f"{name}.log")
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=600)
     try:
@@ -227,15 +301,17 @@ def with_backfill(
             measured_from = LEAD_S + SETTLE_S if people else SETTLE_S + IDLE_AFTER_S
             _sleep_until(began + measured_from)
             before, given_before = completed(), _given_back(client)
+            sampler = HeldSampler(base, key)
             start = time.perf_counter()
             result = running.result().between(measured_from) if running else None
             if running is None:
                 time.sleep(IDLE_S)
             elapsed = time.perf_counter() - start
+            held = sampler.stop()
         done = completed() - before
         given = _given_back(client) - given_before
         client.post(f"/v1/batches/{batch_id}/cancel", json={})
-        return result, done / elapsed, given, done
+        return result, done / elapsed, given, done, held
     finally:
         client.close()
         stop(process)
@@ -246,12 +322,16 @@ def _sleep_until(moment: float) -> None:
 
 
 def _given_back(client: httpx.Client) -> float:
-    page = client.get("/metrics").text
-    found = re.findall(r"^backfill_engine_given_back_total{[^}]*} (\S+)$", page, re.M)
-    return sum(float(v) for v in found)
+    return _gauge(client.get("/metrics").text, "backfill_engine_given_back_total")
+
+
+CAPS: list[int] = []
+"""The static caps each level runs (``--caps``); empty: 1, 2, 4, ... up to the slots."""
 
 
 def caps() -> list[int]:
+    if CAPS:
+        return CAPS
     out, cap = [], 1
     while cap < SLOTS:
         out.append(cap)
@@ -271,8 +351,8 @@ def run_level(engine: Engine, work: Path, level: float, cap_rps: float, count: i
         runs = []
         for name, cap in (("dedicated", SLOTS), ("shared", SLOTS)):
             label = name if name == "shared" else f"cap{cap}"
-            _, rps, given, done = with_backfill(engine, work, label, cap, None)
-            runs.append(Run(name, 0.0, None, rps, given, done))
+            _, rps, given, done, held = with_backfill(engine, work, label, cap, None)
+            runs.append(Run(name, 0.0, None, rps, given, done, held))
         return runs
     rate = level * cap_rps
     seed = int(level * 100)
@@ -281,12 +361,13 @@ def run_level(engine: Engine, work: Path, level: float, cap_rps: float, count: i
     alone = Run("alone", level, people.run(engine).between(LEAD_S + SETTLE_S), 0.0)
     runs = [alone]
     for cap in caps():
-        result, rps, given, done = with_backfill(engine, work, f"cap{cap}", cap, people)
-        runs.append(Run(f"cap {cap}", level, result, rps, given, done))
+        result, rps, given, done, held = with_backfill(engine, work, f"cap{cap}", cap, people)
+        runs.append(Run(f"cap {cap}", level, result, rps, given, done, held))
         if max(runs[-1].ratios(alone)) >= CAP_STOP:
             break
-    result, rps, given, done = with_backfill(engine, work, "shared", SLOTS, people)
-    runs.append(Run("shared", level, result, rps, given, done))
+    for name in [*LOOKS_AT, "shared"]:
+        result, rps, given, done, held = with_backfill(engine, work, name, SLOTS, people)
+        runs.append(Run(name, level, result, rps, given, done, held))
     return runs
 
 
@@ -309,7 +390,7 @@ def run_step(engine: Engine, work: Path, cap_rps: float) -> Step:
     people = People([(before_s, calm), (STEP_S, burst), (STEP_S, calm)], seed=7)
     warm_up(engine, calm, 100, 8)
     alone = people.run(engine).between(before_s - STEP_S)
-    shared, _, given, _ = with_backfill(engine, work, "shared", SLOTS, people)
+    shared, _, given, _, _ = with_backfill(engine, work, "shared", SLOTS, people)
     assert shared is not None
     # A window holds about ten people of the burst, and at least half a second of it.
     window = max(0.5, 10 / burst)
@@ -360,6 +441,9 @@ def report(runs: list[Run]) -> None:
             f"\nnobody else: dedicated {dedicated.batch_rps:.2f} req/s, shared "
             f"{shared.batch_rps:.2f} ({shared.batch_rps / max(dedicated.batch_rps, 1e-9):.2f}x)"
         )
+        for run in runs:
+            if run.held is not None:
+                print(f"  {run.name}: {run.held.summary()}")
         return
     alone = runs[0]
     assert alone.people is not None
@@ -385,6 +469,8 @@ def report(runs: list[Run]) -> None:
             f"{run.name:10} {r[0]:8.2f}x {r[1]:7.2f}x {r[2]:7.2f}x {run.batch_rps:8.2f}  "
             f"{run.given_back:.0f} ({thrown:.0%}){'  within' if within else ''}"
         )
+        if run.held is not None:
+            print(f"{'':10} {run.held.summary()}")
     shared = runs[-1]
     if oracle is None:
         print(f"oracle: none within the budget; shared {shared.batch_rps:.2f} req/s")
@@ -436,8 +522,14 @@ def main() -> None:
     parser.add_argument("--people", type=int, default=600, help="people per run")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--shared", action="append", default=[], help="a shared engine setting")
+    parser.add_argument("--caps", default="", help="static caps to run, e.g. 2,4 (default: all)")
+    parser.add_argument(
+        "--looks", default="", help="more shared runs, metrics read every N s (e.g. 0.1)"
+    )
     args = parser.parse_args()
     SHARED_EXTRA.extend(args.shared)
+    CAPS.extend(int(x) for x in args.caps.split(",") if x)
+    LOOKS_AT.update((f"shared {x}s", float(x)) for x in args.looks.split(",") if x)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         engine = start_engine(args.engine, work)

@@ -43,7 +43,7 @@ class Sharing:
 
     limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
     probes: Mapping[str, PressureProbe] = field(default_factory=dict)
-    probe_interval_s: float = 0.1
+    probe_interval_s: float = 0.5
     priority_probes: Mapping[str, PriorityProbe] = field(default_factory=dict)
     """Engines with a ``priority`` setting, ``slots`` and vLLM metrics: whether they apply
     the priority is found out once, while they are idle."""

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 # roughly its last 1 / (1 - FORGET) samples.
 FORGET = 0.95
 # Every sample multiplies what every count knew by this: a count not seen again fades over
-# roughly 1 / (1 - AGE) samples (at ten looks a second, about a minute).
-AGE = 0.998
+# roughly 1 / (1 - AGE) samples (at two looks a second, about a minute).
+AGE = 0.99
 # A slope is trusted once the samples spread over this many sequences (in standard
 # deviations of their running counts): a fit over one level says nothing about the next.
 MIN_SPREAD = 1.0
