@@ -29,10 +29,10 @@ second while people ran, and how Backfill held the engine meanwhile (its request
 and its limit, sampled from its /metrics). ``--caps 2,4`` runs only those caps; ``--looks 0.1``
 adds a shared run that reads the engine's metrics that often, beside the default.
 
-The **oracle** is the best cap whose three ratios are all within the
-budget. Targets (issue: spare capacity, for real): shared within the budget, at least 0.9 of
-the oracle's throughput, at most 10% of its batch work thrown away (requests given back). A
-level of 0 compares shared with dedicated when nobody else is on the engine (target 0.95).
+The **oracle** is the best cap whose three ratios are all within the budget. Targets (issue:
+spare capacity, for real): shared within the budget, at least 0.9 of the oracle's
+throughput, at most 10% of its batch work thrown away (requests given back). A level of 0
+compares shared with dedicated when nobody else is on the engine (target 0.95).
 
 A plot of each level goes to ``docs/frontier-<engine>.png``.
 """
@@ -172,7 +172,7 @@ class Run:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Held:
     """Backfill's requests in flight on the engine and its limit, sampled from its /metrics
     every ``HELD_EVERY_S`` while people were measured: how it held its slots, beyond the mean

@@ -31,7 +31,7 @@ from pydantic_settings import (
 from backfill.domain.catalog import CatalogModel, name_clash
 from backfill.domain.endpoints import DEFAULT_MODEL_ENDPOINTS, EMBEDDINGS_URL
 from backfill.domain.money import Prices
-from backfill.domain.scheduling.concurrency import Mode
+from backfill.domain.scheduling.concurrency import LOOK_INTERVAL_S, Mode
 
 LOCAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL_ENGINE = "local-llama-cpp"
@@ -411,10 +411,9 @@ class WorkerSettings(BaseModel):
     # How often the engines stored for every worker are read (docs/fleet.md): an engine added,
     # changed or removed through the admin API is followed within this long.
     engine_config_poll_s: float = Field(2.0, gt=0)
-    # How often a shared engine's metrics are read while they can be. Each read costs the
-    # engine: vLLM's API server spent 7 ms of CPU rendering its page, in the event loop that
-    # streams people's tokens, so ten reads a second took 7% of it (docs/scheduling.md).
-    pressure_interval_s: float = Field(0.5, gt=0)
+    # How often a shared engine's metrics are read while they can be (why not more often:
+    # LOOK_INTERVAL_S).
+    pressure_interval_s: float = Field(LOOK_INTERVAL_S, gt=0)
     # An engine that does not pass its health check is logged (a warning naming it, its URL and
     # the reason) within seconds of the worker's start, and again this often while it stays
     # down; a flapping engine's outages with one reason are not warned about more often.

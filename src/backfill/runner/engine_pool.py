@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backfill.domain.engine_health import PriorityOutcome
-from backfill.domain.scheduling.concurrency import ConcurrencyLimit
+from backfill.domain.scheduling.concurrency import LOOK_INTERVAL_S, ConcurrencyLimit
 from backfill.ports import Clock, Engine, PressureProbe, PriorityProbe, Switch
 from backfill.runner.slots import DOWN_REMINDER_S, WATCH_S, EngineSlot, Start
 
@@ -43,7 +43,7 @@ class Sharing:
 
     limits: Mapping[str, ConcurrencyLimit] = field(default_factory=dict)
     probes: Mapping[str, PressureProbe] = field(default_factory=dict)
-    probe_interval_s: float = 0.5
+    probe_interval_s: float = LOOK_INTERVAL_S
     priority_probes: Mapping[str, PriorityProbe] = field(default_factory=dict)
     """Engines with a ``priority`` setting, ``slots`` and vLLM metrics: whether they apply
     the priority is found out once, while they are idle."""

@@ -89,6 +89,12 @@ class SharedTargets:
     """An engine with no people on it for this long is Backfill's: it takes everything."""
 
 
+LOOK_INTERVAL_S = 0.5
+"""How often a shared engine's metrics are read by default (``worker.pressure_interval_s``).
+Each read costs the engine: vLLM's API server spent 7 ms of CPU rendering its page, in the
+event loop that streams people's tokens, so ten reads a second took 7% of it
+(docs/scheduling.md). The step model's memory (``step_time.AGE``) is counted at this pace."""
+
 # The latency signal: samples per round at least, and the floor's memory.
 _ROUND_MIN_SAMPLES = 4
 _FLOOR_BUCKET_S = 10.0

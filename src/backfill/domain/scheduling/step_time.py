@@ -40,7 +40,8 @@ from dataclasses import dataclass
 # roughly its last 1 / (1 - FORGET) samples.
 FORGET = 0.95
 # Every sample multiplies what every count knew by this: a count not seen again fades over
-# roughly 1 / (1 - AGE) samples (at two looks a second, about a minute).
+# roughly 1 / (1 - AGE) samples (at two looks a second, concurrency.LOOK_INTERVAL_S: about
+# a minute).
 AGE = 0.99
 # A slope is trusted once the samples spread over this many sequences (in standard
 # deviations of their running counts): a fit over one level says nothing about the next.
